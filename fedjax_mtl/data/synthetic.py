@@ -1,0 +1,173 @@
+"""Built-in synthetic multi-task benchmark: procedurally generated scenes.
+
+Two domains mirror the real datasets' label spaces:
+- ``pascal``: outdoor-like scenes of ellipsoidal objects of 20 classes (class 15,
+  "person", has six parts) over a sky/ground background; tasks semseg (21 classes),
+  human_parts (7), sal, normals, edge.
+- ``nyud``: indoor-like rooms (wall, floor) with box furniture and round objects
+  of 38 more classes; tasks semseg (40), depth (metres), normals, edge.
+
+Every label of an image comes from one scene rendered with a z-buffer: the
+visible object decides semseg/parts/saliency, the visible surface gives depth
+and normals (ellipsoids and planes), and edges sit where the visible instance
+changes (semantic and depth discontinuities). The image is shaded from the
+same normals, so tasks correlate the way real ones do. Generation is vectorised
+over images and deterministic in (domain, split, seed).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from fedjax_mtl.errors import check_choice
+from fedjax_mtl.tasks import IGNORE
+
+DOMAINS = ('pascal', 'nyud')
+PERSON = 15  # PASCAL VOC class id of "person"
+_MAX_OBJECTS = 6
+
+
+def _rng(domain: str, split: str, seed: int) -> np.random.Generator:
+  return np.random.default_rng([zlib.crc32(f'{domain}/{split}'.encode()), seed])
+
+
+def _palette(domain: str, num_classes: int) -> np.ndarray:
+  # A fixed per-domain colour per class; domains differ in colour statistics.
+  rng = np.random.default_rng(zlib.crc32(f'palette/{domain}'.encode()))
+  pal = rng.uniform(40, 215, size=(num_classes, 3))
+  if domain == 'nyud':
+    pal = 0.6 * pal + np.array([60., 40., 20.])  # warmer, lower-contrast indoor light
+  return pal
+
+
+def _ellipsoid(yy, xx, cy, cx, ry, rx):
+  """Normalised ellipse coordinates, inside mask and surface height (0..1)."""
+  u = (xx - cx[:, None, None]) / rx[:, None, None]
+  v = (yy - cy[:, None, None]) / ry[:, None, None]
+  r2 = u * u + v * v
+  inside = r2 < 1.
+  h = np.sqrt(np.clip(1. - r2, 0., 1.))
+  return u, v, inside, h
+
+
+def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
+             seed: int = 0) -> dict[str, np.ndarray]:
+  """Render `num_images` scenes of `domain`; returns image + all task labels.
+
+  Returns uint8 'image' [n,H,W,3] and labels in the real datasets' formats:
+  'semseg' uint8, 'human_parts' uint8 (pascal), 'sal' uint8 (pascal),
+  'normals' float32 [n,H,W,3], 'edge' uint8, 'depth' float32 metres (nyud).
+  """
+  check_choice('synthetic domain', domain, DOMAINS)
+  check_choice('split', split, ('train', 'test'))
+  n = int(num_images)
+  H, W = int(resolution[0]), int(resolution[1])
+  rng = _rng(domain, split, seed)
+  yy, xx = np.meshgrid((np.arange(H) + .5) / H, (np.arange(W) + .5) / W, indexing='ij')
+  yy = np.broadcast_to(yy, (n, H, W))
+  xx = np.broadcast_to(xx, (n, H, W))
+
+  sem = np.zeros((n, H, W), np.int32)
+  inst = np.zeros((n, H, W), np.int32)
+  normals = np.zeros((n, H, W, 3), np.float32)
+  if domain == 'pascal':
+    num_classes = 21
+    horizon = rng.uniform(0.45, 0.75, size=(n, 1, 1))
+    ground = yy > horizon
+    # Sky far away, ground plane getting closer towards the bottom.
+    depth = np.where(ground, 3. + 40. * (1. - (yy - horizon) / (1. - horizon + 1e-6)) ** 2, 60.)
+    normals[..., 1] = np.where(ground, -1., 0.)
+    normals[..., 2] = np.where(ground, 0., 1.)
+    inst[:] = np.where(ground, 1, 0)
+    n_obj = rng.integers(1, _MAX_OBJECTS + 1, size=n)
+    obj_classes = rng.integers(1, num_classes, size=(n, _MAX_OBJECTS))
+    # Make people common enough that the parts task has data.
+    obj_classes = np.where(rng.uniform(size=(n, _MAX_OBJECTS)) < 0.25, PERSON, obj_classes)
+  else:
+    num_classes = 40
+    floor_line = rng.uniform(0.5, 0.7, size=(n, 1, 1))
+    wall_dist = rng.uniform(3., 7., size=(n, 1, 1))
+    floor = yy > floor_line
+    depth = np.where(floor, wall_dist * (floor_line + 0.05) / (yy + 0.05), wall_dist)
+    sem[:] = np.where(floor, 1, 0)  # NYU40 wall=0, floor=1 after the -1 shift
+    inst[:] = np.where(floor, 1, 0)
+    normals[..., 1] = np.where(floor, -1., 0.)
+    normals[..., 2] = np.where(floor, 0., 1.)
+    n_obj = rng.integers(2, _MAX_OBJECTS + 1, size=n)
+    obj_classes = rng.integers(2, num_classes, size=(n, _MAX_OBJECTS))
+  depth = depth.astype(np.float64)
+  parts = np.zeros((n, H, W), np.int32)
+  has_person = np.zeros(n, bool)
+  salient = np.zeros((n, H, W), bool)
+
+  for j in range(_MAX_OBJECTS):
+    active = j < n_obj
+    cls = obj_classes[:, j]
+    cy = rng.uniform(0.2, 0.85, n)
+    cx = rng.uniform(0.1, 0.9, n)
+    ry = rng.uniform(0.08, 0.3, n)
+    rx = rng.uniform(0.06, 0.25, n)
+    is_person = (cls == PERSON) if domain == 'pascal' else np.zeros(n, bool)
+    ry = np.where(is_person, np.maximum(ry, 0.18), ry)
+    rx = np.where(is_person, np.minimum(rx, ry * 0.5), rx)
+    z0 = rng.uniform(1.5, 8. if domain == 'nyud' else 25., n)
+    bulge = np.minimum(rx, ry) * z0  # ellipsoid depth extent, in metres
+    u, v, inside, h = _ellipsoid(yy, xx, cy, cx, ry, rx)
+    box = (domain == 'nyud') & (rng.uniform(size=n) < 0.6)
+    if domain == 'nyud':
+      inside_box = (np.abs(u) < 0.9) & (np.abs(v) < 0.9)
+      inside = np.where(box[:, None, None], inside_box, inside)
+      h = np.where(box[:, None, None], 1., h)
+    surf = z0[:, None, None] - bulge[:, None, None] * h
+    draw = inside & active[:, None, None] & (surf < depth)
+    # Ellipsoid normal: gradient of the implicit surface; boxes face the camera.
+    nx = u / rx[:, None, None]
+    ny = v / ry[:, None, None]
+    nz = h / np.maximum(np.minimum(rx, ry), 1e-3)[:, None, None]
+    if domain == 'nyud':
+      nx = np.where(box[:, None, None], 0., nx)
+      ny = np.where(box[:, None, None], 0., ny)
+      nz = np.where(box[:, None, None], 1., nz)
+    nvec = np.stack([nx, -ny, nz], -1)
+    nvec /= np.linalg.norm(nvec, axis=-1, keepdims=True) + 1e-12
+    depth = np.where(draw, surf, depth)
+    sem = np.where(draw, cls[:, None, None], sem)
+    inst = np.where(draw, j + 2, inst)
+    normals = np.where(draw[..., None], nvec, normals)
+    salient = np.where(draw, True, salient)
+    if domain == 'pascal':
+      # Parts by body geometry: head, torso, arms, legs (6 parts + background).
+      part = np.select(
+          [v < -0.55, (v < 0.15) & (u < -0.45), (v < 0.15) & (u > 0.45), v < 0.15, u < 0.],
+          [1, 3, 4, 2, 5], default=6)
+      pdraw = draw & is_person[:, None, None]
+      parts = np.where(draw, np.where(pdraw, part, 0), parts)
+      has_person |= np.any(pdraw, axis=(1, 2))
+
+  # Edges where the visible instance changes (semantic + depth discontinuities).
+  edge = np.zeros((n, H, W), bool)
+  edge[:, :, :-1] |= inst[:, :, :-1] != inst[:, :, 1:]
+  edge[:, :-1, :] |= inst[:, :-1, :] != inst[:, 1:, :]
+
+  # Appearance: class colour, Lambertian shading from the normals, texture noise.
+  pal = _palette(domain, num_classes)
+  base = pal[sem]
+  if domain == 'pascal':
+    sky = (yy < 1.) & (inst == 0)
+    base = np.where(sky[..., None], np.stack([110 + 80 * yy, 150 + 60 * yy, 230 + 0 * yy], -1), base)
+  light = np.array([0.3, 0.5, 0.81])
+  light /= np.linalg.norm(light)
+  shade = 0.45 + 0.55 * np.clip(normals @ light, 0., 1.)
+  tex = rng.normal(0., 8., size=(n, H, W, 1))
+  image = np.clip(base * shade[..., None] + tex, 0, 255).astype(np.uint8)
+
+  out = {'image': image, 'semseg': sem.astype(np.uint8),
+         'normals': normals.astype(np.float32), 'edge': edge.astype(np.uint8)}
+  if domain == 'pascal':
+    out['human_parts'] = np.where(has_person[:, None, None], parts, IGNORE).astype(np.uint8)
+    out['sal'] = salient.astype(np.uint8)
+  else:
+    out['depth'] = depth.astype(np.float32)
+  return out

@@ -1,0 +1,91 @@
+"""Shared config defaults; `configs/<algorithm>.py` start from `base_config(arg)`.
+
+Variants by the config arg (`--config=configs/fedavg.py:paper`):
+- default: the built-in synthetic benchmark sized for a few minutes on 2 CPU cores;
+- `paper`: the paper's setting (Swin-T, 100 rounds, batch 8, epochs 1/4,
+  AdamW 1e-4, 5-epoch warm-up, real PASCAL-Context / NYUD-v2).
+Extra `key=value` items after the variant override top-level fields, e.g.
+`configs/hca2.py:paper,scenario=nyud_st_pascal_mt_1c`.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def parse_arg(arg: str | None) -> tuple[str, dict[str, str]]:
+  """'paper,scenario=x' -> ('paper', {'scenario': 'x'})."""
+  variant, kv = 'default', {}
+  for item in (arg or '').split(','):
+    item = item.strip()
+    if not item:
+      continue
+    if '=' in item:
+      k, v = item.split('=', 1)
+      kv[k.strip()] = v.strip()
+    else:
+      variant = item
+  return variant, kv
+
+
+def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collections.ConfigDict:
+  """The base ConfigDict for `algorithm` in the variant named by `arg`."""
+  variant, kv = parse_arg(arg)
+  if variant not in ('default', 'paper'):
+    raise ValueError(f"unknown config variant {variant!r}; valid choices: 'default', 'paper'")
+  c = ml_collections.ConfigDict()
+  c.algorithm = algorithm
+  c.scenario = 'pascal_st_nyud_mt_1c'
+  c.seed = 0
+  c.split_seed = 0  # numpy seed of the client partition (released code: 0)
+  c.parts_clients_humans_only = True  # released code keeps only images with humans
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = 'synthetic'
+  c.data.data_dir = ''
+  c.data.seed = 0
+  c.data.resolution = {'pascal': (64, 64), 'nyud': (64, 64)}
+  c.data.num_train = {'pascal': 400, 'nyud': 120}
+  c.data.num_test = {'pascal': 100, 'nyud': 60}
+
+  c.model = ml_collections.ConfigDict()
+  c.model.encoder = 'conv_micro'
+  c.model.kwargs = {}
+  c.model.dtype = 'float32'
+  c.model.pretrained_path = ''
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 2e-3
+  c.optim.weight_decay = 1e-4
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.999
+  c.optim.eps = 1e-8
+  c.optim.warmup_epochs = 1
+  c.optim.warmup_lr_init = 1.25e-7
+  c.optim.min_lr = 1.25e-6
+
+  c.local_epochs = {'pascal': 1, 'nyud': 4}
+  c.batch_size = 8
+  c.eval_batch_size = 20
+  c.num_rounds = 8
+  c.eval_every = 4
+  c.checkpoint_every = 1
+  c.num_devices = 0  # 0: all visible devices
+  c.progress = True
+
+  if variant == 'paper':
+    c.data.source = 'real'
+    c.data.resolution = {'pascal': (512, 512), 'nyud': (448, 576)}
+    c.model.encoder = 'swin_t'
+    c.model.pretrained_path = 'weights/swin_t_upernet_ade20k.npz'
+    c.optim.lr = 1e-4
+    c.optim.warmup_epochs = 5
+    c.num_rounds = 100
+    c.eval_batch_size = 8
+    c.eval_every = 4
+    c.checkpoint_every = 4
+  for k, v in kv.items():
+    if k not in c:
+      raise ValueError(f'unknown config field {k!r} in config arg')
+    c[k] = type(c[k])(v) if not isinstance(c[k], bool) else v.lower() in ('1', 'true')
+  return c

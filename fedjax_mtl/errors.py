@@ -1,0 +1,18 @@
+"""User-facing errors: one clear line naming the problem and the valid choices."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class ConfigError(ValueError):
+  """Bad input (config, names, paths, checkpoints); main prints it as one line."""
+
+
+def check_choice(kind: str, value, choices: Iterable, where: str = '') -> None:
+  """Raise ConfigError unless `value` is one of `choices`."""
+  choices = list(choices)
+  if value not in choices:
+    raise ConfigError(
+        f'unknown {kind} {value!r}{where}; valid choices: '
+        + ', '.join(repr(c) for c in choices))

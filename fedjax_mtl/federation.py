@@ -1,0 +1,161 @@
+"""Federation structure and state: client groups of stacked pytrees.
+
+A client group holds clients that share dataset (input shape), number of task
+slots and local epochs. Its params, batch-norm stats and optimizer states carry
+a leading client axis (padded to a multiple of the device count; padding
+clients never train and are never aggregated). Aggregation sees two views
+gathered across groups: encoders stacked `[N, ...]` over all clients and
+decoders stacked `[K, ...]` over all task decoders of all clients (client-major,
+tasks in each client's decoder order). Heads and batch-norm statistics stay local.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.scenarios import ClientSpec
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GroupSpec:
+  """Static description of one client group (closed over by jitted code)."""
+  dataset: str
+  client_ids: tuple[int, ...]  # global client ids of the real clients
+  num_pad: int  # padding clients appended for even sharding
+  task_ids: np.ndarray  # [n_total, slots] index into the dataset's task tuple
+  head_channels: tuple[int, ...]  # per slot: max channels of the tasks it holds
+  slot_tasks: tuple[tuple[str, ...], ...]  # per slot: the tasks some client puts there
+  local_epochs: int
+  index_table: np.ndarray  # [n_total, max_n] train indices, padded with 0
+  counts: np.ndarray  # [n_total] number of train images per client (0 for padding)
+
+  @property
+  def num_real(self) -> int:
+    return len(self.client_ids)
+
+  @property
+  def num_total(self) -> int:
+    return self.num_real + self.num_pad
+
+  @property
+  def num_slots(self) -> int:
+    return len(self.head_channels)
+
+  @property
+  def tasks_used(self) -> tuple[str, ...]:
+    info = tasks_lib.DATASETS[self.dataset]
+    used = {t for ts in self.slot_tasks for t in ts}
+    return tuple(t for t in info.tasks if t in used)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Federation:
+  """All clients (in group-major order) and their groups."""
+  clients: tuple[ClientSpec, ...]
+  groups: tuple[GroupSpec, ...]
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.clients)
+
+  @property
+  def decoder_client(self) -> tuple[int, ...]:
+    """Owner client of each of the K decoders, in stacked-decoder order."""
+    return tuple(i for i, c in enumerate(self.clients) for _ in c.tasks)
+
+  @property
+  def decoder_names(self) -> tuple[str, ...]:
+    return tuple(f'{c.name}/{t}' for c in self.clients for t in c.tasks)
+
+  @property
+  def num_decoders(self) -> int:
+    return len(self.decoder_client)
+
+  @property
+  def homo_groups(self) -> tuple[int, ...]:
+    """Ids of runs of consecutive clients with the same dataset and task list."""
+    ids, prev = [], None
+    for c in self.clients:
+      key = (c.dataset, c.tasks)
+      ids.append(ids[-1] + (key != prev) if ids else 0)
+      prev = key
+    return tuple(ids)
+
+
+def build_federation(clients: Sequence[ClientSpec], num_devices: int = 1) -> Federation:
+  """Group clients by (dataset, #task slots, local epochs); pad groups to the devices."""
+  keys: dict[tuple, list[int]] = {}
+  for i, c in enumerate(clients):
+    keys.setdefault((c.dataset, len(c.tasks), c.local_epochs), []).append(i)
+  ordered: list[ClientSpec] = []
+  groups = []
+  for (dataset, slots, epochs), members in keys.items():
+    info = tasks_lib.DATASETS[dataset]
+    members_specs = [clients[i] for i in members]
+    n_real = len(members)
+    n_pad = (-n_real) % num_devices
+    task_ids = np.zeros((n_real + n_pad, slots), np.int32)
+    for j, c in enumerate(members_specs):
+      task_ids[j] = [info.task_id(t) for t in c.tasks]
+    task_ids[n_real:] = task_ids[0]
+    slot_tasks = tuple(tuple(dict.fromkeys(c.tasks[s] for c in members_specs))
+                       for s in range(slots))
+    head_channels = tuple(max(info.channels(t) for t in ts) for ts in slot_tasks)
+    max_n = max(c.num_train for c in members_specs)
+    table = np.zeros((n_real + n_pad, max_n), np.int32)
+    counts = np.zeros((n_real + n_pad,), np.int32)
+    for j, c in enumerate(members_specs):
+      table[j, :c.num_train] = c.train_indices
+      counts[j] = c.num_train
+    start = len(ordered)
+    ordered += members_specs
+    groups.append(GroupSpec(
+        dataset=dataset, client_ids=tuple(range(start, start + n_real)), num_pad=n_pad,
+        task_ids=task_ids, head_channels=head_channels, slot_tasks=slot_tasks,
+        local_epochs=epochs, index_table=table, counts=counts))
+  return Federation(clients=tuple(ordered), groups=tuple(groups))
+
+
+def gather_encoders(group_params: Sequence[PyTree], fed: Federation) -> PyTree:
+  """Stack the real clients' encoders of all groups into one `[N, ...]` pytree."""
+  parts = [jax.tree.map(lambda x, n=g.num_real: x[:n], p['encoder'])
+           for p, g in zip(group_params, fed.groups)]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *parts)
+
+
+def gather_decoders(group_params: Sequence[PyTree], fed: Federation) -> PyTree:
+  """Stack all task decoders of all real clients into one `[K, ...]` pytree."""
+  parts = [jax.tree.map(lambda x, n=g.num_real: x[:n].reshape((-1,) + x.shape[2:]),
+                        p['decoders'])
+           for p, g in zip(group_params, fed.groups)]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *parts)
+
+
+def scatter(group_params: Sequence[PyTree], fed: Federation, encoders: PyTree,
+            decoders: PyTree) -> list[PyTree]:
+  """Write `[N, ...]` encoders and `[K, ...]` decoders back into the groups."""
+  out = []
+  n0 = k0 = 0
+  for p, g in zip(group_params, fed.groups):
+    n, s = g.num_real, g.num_slots
+
+    def put(old, new, lo, size, shape_fn):
+      new = new[lo:lo + size].reshape(shape_fn(old))
+      return jnp.concatenate([new.astype(old.dtype), old[n:]], 0) if g.num_pad else new
+
+    enc = jax.tree.map(lambda o, x: put(o, x, n0, n, lambda o: (n,) + o.shape[1:]),
+                       p['encoder'], encoders)
+    dec = jax.tree.map(lambda o, x: put(o, x, k0, n * s, lambda o: (n,) + o.shape[1:]),
+                       p['decoders'], decoders)
+    out.append({**p, 'encoder': enc, 'decoders': dec})
+    n0 += n
+    k0 += n * s
+  return out

@@ -1,0 +1,151 @@
+"""Local training of one client group: jitted, vmapped over clients, scanned over steps.
+
+Each client runs its local epochs of AdamW on its own shuffled data; clients with
+fewer batches get masked padding steps (parameters, optimizer and batch-norm
+states are frozen there). Single-task clients with different tasks share one
+compiled step through per-client task ids: each slot's loss is the loss of the
+task that client holds in that slot, selected by mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.federation import GroupSpec
+
+PyTree = Any
+
+
+def make_optimizer(optim_cfg) -> optax.GradientTransformation:
+  """AdamW direction (torch defaults, decay on all params); the lr is applied per step."""
+  return optax.chain(
+      optax.scale_by_adam(b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps),
+      optax.add_decayed_weights(optim_cfg.weight_decay))
+
+
+def epoch_lr(epoch: jax.Array, optim_cfg, total_epochs: int) -> jax.Array:
+  """timm CosineLRScheduler with warm-up prefix, stepped after each local epoch.
+
+  Global local-epoch k runs at the value for t = max(k - 1, 0): the released
+  code steps the scheduler after the epoch, so epochs 0 and 1 both use the
+  warm-up start value.
+  """
+  t = jnp.maximum(epoch - 1, 0).astype(jnp.float32)
+  lr, lr0, lr_min = optim_cfg.lr, optim_cfg.warmup_lr_init, optim_cfg.min_lr
+  warm = float(optim_cfg.warmup_epochs)
+  t_initial = max(total_epochs - optim_cfg.warmup_epochs, 1)
+  warm_lr = lr0 + t * (lr - lr0) / max(warm, 1.)
+  tc = jnp.minimum(t - warm, t_initial)
+  cos_lr = lr_min + 0.5 * (lr - lr_min) * (1. + jnp.cos(jnp.pi * tc / t_initial))
+  return jnp.where(t < warm, warm_lr, cos_lr)
+
+
+def normalize_image(image: jax.Array) -> jax.Array:
+  """uint8 RGB -> float32 normalised with ImageNet statistics."""
+  mean = jnp.asarray(tasks_lib.IMAGE_MEAN, jnp.float32)
+  std = jnp.asarray(tasks_lib.IMAGE_STD, jnp.float32)
+  return (image.astype(jnp.float32) - mean) / std
+
+
+def client_plan(index_row: jax.Array, count: jax.Array, key: jax.Array, epochs: int,
+                batch_size: int) -> tuple[jax.Array, jax.Array]:
+  """Shuffled batches `[E*S, B]` of one client and the mask of its real steps.
+
+  Each epoch is a fresh permutation of the client's images (drop_last); steps
+  past the client's own number of batches are padding.
+  """
+  max_n = index_row.shape[0]
+  steps = max_n // batch_size
+
+  def one_epoch(e):
+    u = jax.random.uniform(jax.random.fold_in(key, e), (max_n,))
+    u = jnp.where(jnp.arange(max_n) < count, u, 2.)
+    order = jnp.argsort(u)
+    idx = index_row[order][:steps * batch_size].reshape(steps, batch_size)
+    return idx, jnp.arange(steps) < count // batch_size
+
+  idx, mask = jax.vmap(one_epoch)(jnp.arange(epochs))
+  return idx.reshape(-1, batch_size), mask.reshape(-1)
+
+
+def make_loss_fn(group: GroupSpec, model_train) -> Callable:
+  """Loss of one client on one batch: weighted sum over its task slots."""
+  info = tasks_lib.DATASETS[group.dataset]
+
+  def loss_fn(params, batch_stats, task_ids, batch, key):
+    outs, new_state = model_train.apply(
+        {'params': params, 'batch_stats': batch_stats}, batch['image'],
+        rngs={'dropout': key}, mutable=['batch_stats'])
+    slot_losses = []
+    for s, out in enumerate(outs):
+      per_task = []
+      for t in group.slot_tasks[s]:
+        loss = tasks_lib.task_loss(t, out, batch[t], info.channels(t))
+        if len(group.slot_tasks[s]) > 1:  # heterogeneous slot: select by task id
+          loss = jnp.where(task_ids[s] == info.task_id(t), loss, 0.)
+        per_task.append((loss, info.loss_weights[t] * loss))
+      slot_losses.append((sum(l for l, _ in per_task), sum(w for _, w in per_task)))
+    total = sum(w for _, w in slot_losses)
+    return total, (new_state['batch_stats'], jnp.stack([l for l, _ in slot_losses]))
+
+  return loss_fn
+
+
+def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
+                       optim_cfg, batch_size: int, total_rounds: int) -> Callable:
+  """Returns `train(gstate, data, round, key) -> (gstate, metrics)` for this group.
+
+  `gstate` = {'params', 'batch_stats', 'opt_state'} with a leading client axis;
+  `data` = the dataset's train arrays (shared by all clients of the group).
+  """
+  loss_fn = make_loss_fn(group, model_train)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  epochs = group.local_epochs
+  index_table = jnp.asarray(group.index_table)
+  counts = jnp.asarray(group.counts)
+  task_ids = jnp.asarray(group.task_ids)
+  used = ('image',) + group.tasks_used
+
+  def train_client(params, batch_stats, opt_state, tids, idx, mask, lrs, data, key):
+    def step(carry, inp):
+      params, batch_stats, opt_state = carry
+      idx_t, m_t, lr_t, t = inp
+      batch = {k: data[k][idx_t] for k in used}
+      batch['image'] = normalize_image(batch['image'])
+      (_, (new_bs, slot_loss)), grads = grad_fn(
+          params, batch_stats, tids, batch, jax.random.fold_in(key, t))
+      updates, new_opt = tx.update(grads, opt_state, params)
+      new_params = jax.tree.map(lambda p, u: p - lr_t * u, params, updates)
+      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(m_t, a, b), new, old)
+      carry = (keep(new_params, params), keep(new_bs, batch_stats),
+               keep(new_opt, opt_state))
+      return carry, slot_loss * m_t
+
+    steps = jnp.arange(idx.shape[0])
+    (params, batch_stats, opt_state), losses = jax.lax.scan(
+        step, (params, batch_stats, opt_state), (idx, mask, lrs, steps))
+    n = jnp.maximum(jnp.sum(mask), 1)
+    return params, batch_stats, opt_state, jnp.sum(losses, 0) / n
+
+  def train(gstate, data, round_idx, key):
+    keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(group.num_total))
+    plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
+    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+    idx, mask = jax.vmap(lambda r, c, k: client_plan(r, c, k, epochs, batch_size))(
+        index_table, counts, plan_keys)
+    steps_per_epoch = idx.shape[1] // epochs
+    epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
+    lrs = epoch_lr(epoch_of_step, optim_cfg, total_rounds * epochs)
+    params, bstats, opt, loss = jax.vmap(
+        train_client, in_axes=(0, 0, 0, 0, 0, 0, None, None, 0))(
+            gstate['params'], gstate['batch_stats'], gstate['opt_state'], task_ids,
+            idx, mask, lrs, data, step_keys)
+    metrics = {'loss': loss, 'steps': jnp.sum(mask, 1)}
+    return {'params': params, 'batch_stats': bstats, 'opt_state': opt}, metrics
+
+  return train

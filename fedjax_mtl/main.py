@@ -1,0 +1,32 @@
+"""Entry point: `python -m fedjax_mtl.main --config=configs/hca2.py --workdir=DIR`."""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from fedjax_mtl.errors import ConfigError
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/*.py[:arg]).',
+                                lock_config=True)
+flags.DEFINE_string('workdir', None, 'Where metrics, results and checkpoints go; '
+                    're-running with the same workdir resumes.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from fedjax_mtl import train  # import after flags so --help stays fast
+  try:
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,465 @@
+"""Swin Transformer backbone (mmsegmentation flavour) in Flax linen.
+
+Behaviour follows the mmseg-style Swin used by FedHCA2 (``innovator-zero/FedHCA2``
+``models/swin.py``, copied from mmseg v0.x), so its UperNet-ADE20K checkpoints
+load directly (see :mod:`fedjax_mtl.models.convert`):
+
+* Patch embedding: the image is zero-padded on the bottom/right to a multiple of
+  the patch size, then a ``patch x patch`` stride-``patch`` conv and a LayerNorm.
+* Every block pads its (normed) feature map with zeros on the bottom/right to a
+  multiple of the window size, attends, and crops back. Padded tokens are *not*
+  masked out (they act as keys with ``k = qkv bias``), exactly like the
+  reference. Unlike the original Microsoft Swin, a stage whose map is smaller
+  than or equal to the window is **not** special-cased: the window stays at
+  ``window_size`` (the map is padded up to it) and odd blocks still shift by
+  ``window_size // 2`` with the usual mask. E.g. Swin-T at 224x224 pads its 7x7
+  last stage to one 7x7 window and still shifts; at 512x512 the 16x16 last
+  stage is padded to 21x21 (3x3 windows).
+* Patch merging gathers each 2x2 neighbourhood in ``nn.Unfold`` order
+  (channel index ``c * 4 + ki * 2 + kj``), zero-padding odd sizes on the
+  bottom/right first, then LayerNorm(4C) and Linear(4C -> 2C, no bias).
+* Outputs: the four stage outputs (before patch merging), each through its own
+  LayerNorm ``norm{i}``, at strides 4, 8, 16, 32 (ceil division for sizes that
+  are not multiples), NHWC.
+
+Mixed precision: parameters are always float32; ``dtype`` is the compute dtype
+of matmuls, LayerNorm outputs and attention. The residual stream, attention
+logits/softmax and the stochastic-depth rescale stay in float32, mirroring
+``torch.autocast`` (which keeps the residual adds and softmax in float32).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Dtype = Any
+
+# PyTorch nn.LayerNorm default epsilon (flax defaults to 1e-6).
+LN_EPS = 1e-5
+# Init matching the reference's ``_init_weights``: trunc_normal(std=.02) for
+# Linear weights and the relative position bias table, zero biases.
+_dense_init = nn.initializers.truncated_normal(stddev=0.02)
+# PyTorch's default Conv2d init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+_conv_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
+
+
+def _torch_bias_init(fan_in: int) -> Callable[..., jax.Array]:
+  """PyTorch's default conv bias init U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+  bound = 1.0 / np.sqrt(fan_in)
+
+  def init(key: jax.Array, shape: Sequence[int], dtype: Dtype = jnp.float32) -> jax.Array:
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+# ---------------------------------------------------------------------------
+# Static (NumPy) helpers: computed once at trace time, embedded as constants.
+# ---------------------------------------------------------------------------
+
+
+def relative_position_index(window_size: int) -> np.ndarray:
+  """Index into the ((2w-1)^2, heads) bias table for each (query, key) pair."""
+  w = window_size
+  coords = np.stack(np.meshgrid(np.arange(w), np.arange(w), indexing='ij'))  # 2,w,w
+  coords = coords.reshape(2, -1)  # 2, N (row-major tokens)
+  rel = coords[:, :, None] - coords[:, None, :] + (w - 1)  # 2, N, N in [0, 2w-2]
+  return (rel[0] * (2 * w - 1) + rel[1]).astype(np.int32)
+
+
+def shifted_window_mask(height: int, width: int, window_size: int, shift: int) -> np.ndarray:
+  """Additive SW-MSA mask (num_windows, N, N): 0 within a region, -100 across.
+
+  ``height``/``width`` are the *padded* map sizes (multiples of the window).
+  """
+  img = np.zeros((height, width), np.float32)
+  slices = (slice(0, -window_size), slice(-window_size, -shift), slice(-shift, None))
+  cnt = 0
+  for hs in slices:
+    for ws in slices:
+      img[hs, ws] = cnt
+      cnt += 1
+  win = _np_window_partition(img[None, :, :, None], window_size)[0, ..., 0]  # nW, N
+  diff = win[:, None, :] - win[:, :, None]
+  return np.where(diff != 0, -100.0, 0.0).astype(np.float32)
+
+
+def _np_window_partition(x: np.ndarray, w: int) -> np.ndarray:
+  b, h, wd, c = x.shape
+  x = x.reshape(b, h // w, w, wd // w, w, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, (h // w) * (wd // w), w * w, c)
+
+
+# Cached per (window, H, W, shift) so repeated blocks/traces reuse one array.
+_cached_mask = functools.lru_cache(maxsize=64)(shifted_window_mask)
+_cached_index = functools.lru_cache(maxsize=16)(relative_position_index)
+
+
+def window_partition(x: jax.Array, window_size: int) -> jax.Array:
+  """(B, H, W, C) -> (B, num_windows, w*w, C); H and W must be multiples of w."""
+  b, h, wd, c = x.shape
+  w = window_size
+  x = x.reshape(b, h // w, w, wd // w, w, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, (h // w) * (wd // w), w * w, c)
+
+
+def window_reverse(windows: jax.Array, window_size: int, height: int, width: int) -> jax.Array:
+  """Inverse of :func:`window_partition`: (B, nW, w*w, C) -> (B, H, W, C)."""
+  b, _, _, c = windows.shape
+  w = window_size
+  x = windows.reshape(b, height // w, width // w, w, w, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, height, width, c)
+
+
+def drop_path(module: nn.Module, x: jax.Array, rate: float, train: bool) -> jax.Array:
+  """Per-sample stochastic depth with 1/keep rescale; rng stream 'dropout'."""
+  if not train or rate == 0.0:
+    return x
+  keep = 1.0 - rate
+  rng = module.make_rng('dropout')
+  mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+  return x * (mask.astype(x.dtype) / jnp.asarray(keep, x.dtype))
+
+
+# ---------------------------------------------------------------------------
+# Modules
+# ---------------------------------------------------------------------------
+
+
+def _layer_norm(dtype: Dtype, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=LN_EPS, dtype=dtype, param_dtype=jnp.float32, name=name)
+
+
+def _dense(features: int, dtype: Dtype, name: str, use_bias: bool = True) -> nn.Dense:
+  return nn.Dense(
+    features,
+    use_bias=use_bias,
+    dtype=dtype,
+    param_dtype=jnp.float32,
+    kernel_init=_dense_init,
+    name=name,
+  )
+
+
+class WindowAttention(nn.Module):
+  """(Shifted-)window multi-head self-attention with relative position bias."""
+
+  dim: int
+  num_heads: int
+  window_size: int
+  shift_size: int = 0
+  qkv_bias: bool = True
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    b, h, w, c = x.shape
+    if c != self.dim or c % self.num_heads:
+      raise ValueError(
+          f'got {c} channels; expected dim={self.dim} divisible by {self.num_heads} heads')
+    ws, shift = self.window_size, self.shift_size
+    heads, hd = self.num_heads, c // self.num_heads
+    n = ws * ws
+
+    # Pad bottom/right only when needed (static shapes: free when aligned).
+    pad_b, pad_r = (-h) % ws, (-w) % ws
+    if pad_b or pad_r:
+      x = jnp.pad(x, ((0, 0), (0, pad_b), (0, pad_r), (0, 0)))
+    hp, wp = h + pad_b, w + pad_r
+    if shift:
+      x = jnp.roll(x, (-shift, -shift), axis=(1, 2))
+
+    # qkv after padding so padded tokens get q/k/v = bias, as the reference.
+    win = window_partition(x, ws)  # B, nW, N, C
+    nw = win.shape[1]
+    qkv = _dense(3 * c, self.dtype, 'qkv', use_bias=self.qkv_bias)(win)
+    qkv = qkv.reshape(b, nw, n, 3, heads, hd)
+    q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+    q = q * jnp.asarray(hd**-0.5, q.dtype)
+    # float32 logits/softmax, like torch.autocast does for softmax.
+    logits = jnp.einsum('bwnhd,bwmhd->bwhnm', q, k, preferred_element_type=jnp.float32)
+
+    table = self.param(
+      'relative_position_bias_table',
+      _dense_init,
+      ((2 * ws - 1) ** 2, heads),
+      jnp.float32,
+    )
+    # Tiny gather on a parameter (not on activations); no reshape can replace it.
+    bias = table[_cached_index(ws).reshape(-1)].reshape(n, n, heads).transpose(2, 0, 1)
+    if shift:
+      mask = jnp.asarray(_cached_mask(hp, wp, ws, shift))  # nW, N, N
+      bias = bias[None] + mask[:, None]  # nW, heads, N, N
+    logits = logits + bias
+    attn = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    out = jnp.einsum('bwhnm,bwmhd->bwnhd', attn, v).reshape(b, nw, n, c)
+    out = _dense(c, self.dtype, 'proj')(out)
+
+    out = window_reverse(out, ws, hp, wp)
+    if shift:
+      out = jnp.roll(out, (shift, shift), axis=(1, 2))
+    if pad_b or pad_r:
+      out = out[:, :h, :w, :]
+    return out
+
+
+class Mlp(nn.Module):
+  """Linear -> exact (erf) GELU -> Linear."""
+
+  hidden: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    c = x.shape[-1]
+    x = _dense(self.hidden, self.dtype, 'fc1')(x)
+    x = nn.gelu(x, approximate=False)
+    return _dense(c, self.dtype, 'fc2')(x)
+
+
+class SwinBlock(nn.Module):
+  """Pre-norm Swin block: x + DP(attn(LN(x))); x + DP(mlp(LN(x)))."""
+
+  dim: int
+  num_heads: int
+  window_size: int
+  shift_size: int
+  mlp_ratio: float = 4.0
+  qkv_bias: bool = True
+  drop_path_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    y = _layer_norm(self.dtype, 'norm1')(x)
+    y = WindowAttention(
+      self.dim, self.num_heads, self.window_size, self.shift_size, self.qkv_bias,
+      self.dtype, name='attn',
+    )(y)
+    x = x + drop_path(self, y.astype(x.dtype), self.drop_path_rate, train)
+    y = _layer_norm(self.dtype, 'norm2')(x)
+    y = Mlp(int(self.dim * self.mlp_ratio), self.dtype, name='mlp')(y)
+    return x + drop_path(self, y.astype(x.dtype), self.drop_path_rate, train)
+
+
+class PatchMerging(nn.Module):
+  """2x2 neighbourhood (nn.Unfold channel order) -> LN(4C) -> Linear(4C->2C)."""
+
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    b, h, w, c = x.shape
+    if h % 2 or w % 2:
+      x = jnp.pad(x, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
+      h, w = h + h % 2, w + w % 2
+    # (b, h/2, ki, w/2, kj, c) -> (b, h/2, w/2, c, ki, kj): index c*4 + ki*2 + kj.
+    x = x.reshape(b, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4)
+    x = x.reshape(b, h // 2, w // 2, 4 * c)
+    x = _layer_norm(self.dtype, 'norm')(x)
+    return _dense(2 * c, self.dtype, 'reduction', use_bias=False)(x)
+
+
+class PatchConv(nn.Module):
+  """Non-overlapping patch conv as reshape + einsum (kernel HWIO like nn.Conv)."""
+
+  features: int
+  patch_size: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    b, h, w, c = x.shape
+    p = self.patch_size
+    kernel = self.param('kernel', _conv_init, (p, p, c, self.features), jnp.float32)
+    bias = self.param('bias', _torch_bias_init(p * p * c), (self.features,), jnp.float32)
+    x = x.reshape(b, h // p, p, w // p, p, c)
+    y = jnp.einsum('bhpwqc,pqco->bhwo', x.astype(self.dtype), kernel.astype(self.dtype))
+    return y + bias.astype(self.dtype)
+
+
+class PatchEmbed(nn.Module):
+  """Pad to a multiple of the patch size, patchify conv, LayerNorm."""
+
+  embed_dim: int
+  patch_size: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    _, h, w, _ = x.shape
+    p = self.patch_size
+    pad_b, pad_r = (-h) % p, (-w) % p
+    if pad_b or pad_r:
+      x = jnp.pad(x, ((0, 0), (0, pad_b), (0, pad_r), (0, 0)))
+    x = PatchConv(self.embed_dim, p, self.dtype, name='proj')(x)
+    return _layer_norm(self.dtype, 'norm')(x)
+
+
+class SwinStage(nn.Module):
+  """Blocks of one stage; returns (stage output, patch-merged output or None)."""
+
+  dim: int
+  depth: int
+  num_heads: int
+  window_size: int
+  mlp_ratio: float
+  qkv_bias: bool
+  drop_path_rates: tuple[float, ...]
+  downsample: bool
+  remat: bool = False
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> tuple[jax.Array, jax.Array | None]:
+    # static_argnums counts `self` as 0, so `train` is argument 2.
+    block_cls = nn.remat(SwinBlock, static_argnums=(2,)) if self.remat else SwinBlock
+    for i in range(self.depth):
+      x = block_cls(
+        dim=self.dim,
+        num_heads=self.num_heads,
+        window_size=self.window_size,
+        shift_size=0 if i % 2 == 0 else self.window_size // 2,
+        mlp_ratio=self.mlp_ratio,
+        qkv_bias=self.qkv_bias,
+        drop_path_rate=self.drop_path_rates[i],
+        dtype=self.dtype,
+        name=f'blocks_{i}',
+      )(x, train)
+    down = PatchMerging(self.dtype, name='downsample')(x) if self.downsample else None
+    if down is not None:
+      down = down.astype(jnp.float32)  # keep the residual stream in float32
+    return x, down
+
+
+class SwinTransformer(nn.Module):
+  """mmseg-style Swin backbone returning 4 normed NHWC maps at strides 4..32.
+
+  ``dims`` is a read-only *property* giving the output channels (C, 2C, 4C, 8C).
+  """
+
+  embed_dim: int
+  depths: tuple[int, ...]
+  num_heads: tuple[int, ...]
+  window_size: int = 7
+  patch_size: int = 4
+  mlp_ratio: float = 4.0
+  qkv_bias: bool = True
+  drop_path_rate: float = 0.1
+  remat: bool = False
+  dtype: Dtype = jnp.float32
+
+  @property
+  def dims(self) -> tuple[int, ...]:
+    """Channels of the returned feature maps, one per stage."""
+    return tuple(self.embed_dim * 2**i for i in range(len(self.depths)))
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> list[jax.Array]:
+    num_stages = len(self.depths)
+    if len(self.num_heads) != num_stages:
+      raise ValueError(f'depths {self.depths} and num_heads {self.num_heads} differ in length')
+    # Linear stochastic-depth schedule over all blocks (torch.linspace).
+    dpr = np.linspace(0.0, self.drop_path_rate, sum(self.depths)).tolist()
+
+    x = PatchEmbed(self.embed_dim, self.patch_size, self.dtype, name='patch_embed')(x)
+    x = x.astype(jnp.float32)  # residual stream in float32 (see module doc)
+    outs = []
+    start = 0
+    for i in range(num_stages):
+      out, x = SwinStage(
+        dim=self.dims[i],
+        depth=self.depths[i],
+        num_heads=self.num_heads[i],
+        window_size=self.window_size,
+        mlp_ratio=self.mlp_ratio,
+        qkv_bias=self.qkv_bias,
+        drop_path_rates=tuple(dpr[start:start + self.depths[i]]),
+        downsample=i < num_stages - 1,
+        remat=self.remat,
+        dtype=self.dtype,
+        name=f'stages_{i}',
+      )(x, train)
+      start += self.depths[i]
+      outs.append(_layer_norm(self.dtype, f'norm{i}')(out))
+    return outs
+
+
+# ---------------------------------------------------------------------------
+# Factories
+# ---------------------------------------------------------------------------
+
+
+def swin_t(**kwargs: Any) -> SwinTransformer:
+  """Swin-T (embed 96, depths 2-2-6-2; 27,520,698 params incl. norm0..3)."""
+  cfg = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
+  return SwinTransformer(**{**cfg, **kwargs})
+
+
+def swin_s(**kwargs: Any) -> SwinTransformer:
+  """Swin-S (embed 96, depths 2-2-18-2)."""
+  cfg = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
+  return SwinTransformer(**{**cfg, **kwargs})
+
+
+def swin_b(**kwargs: Any) -> SwinTransformer:
+  """Swin-B (embed 128, depths 2-2-18-2)."""
+  cfg = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
+  return SwinTransformer(**{**cfg, **kwargs})
+
+
+def swin_micro(**kwargs: Any) -> SwinTransformer:
+  """Tiny Swin for CPU runs (embed 32, depths 1-1-2-1, window 7)."""
+  cfg = dict(embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), window_size=7)
+  return SwinTransformer(**{**cfg, **kwargs})
+
+
+def swin_nano(**kwargs: Any) -> SwinTransformer:
+  """Smallest Swin for unit tests (embed 16, depths 1-1-1-1, window 4)."""
+  cfg = dict(embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2), window_size=4)
+  return SwinTransformer(**{**cfg, **kwargs})
+
+
+MODELS: dict[str, Callable[..., SwinTransformer]] = {
+  'swin_t': swin_t,
+  'swin_s': swin_s,
+  'swin_b': swin_b,
+  'swin_micro': swin_micro,
+  'swin_nano': swin_nano,
+}
+
+
+def get_model(name: str, **kwargs: Any) -> SwinTransformer:
+  """Build a Swin variant by name (``swin_t``, ``swin_s``, ...)."""
+  if name not in MODELS:
+    raise ValueError(f'unknown Swin model {name!r}; choose from {sorted(MODELS)}')
+  return MODELS[name](**kwargs)
+
+
+@functools.lru_cache(maxsize=32)
+def _param_shapes(model: SwinTransformer) -> Any:
+  # Param shapes do not depend on the input size; any small image works.
+  x = jax.ShapeDtypeStruct((1, 8 * model.patch_size, 8 * model.patch_size, 3), jnp.float32)
+  shapes = jax.eval_shape(lambda r, x: model.init(r, x, train=False), jax.random.key(0), x)
+  return shapes['params']
+
+
+def param_shapes(model: SwinTransformer) -> Any:
+  """Param ShapeDtypeStruct tree (the ``'params'`` collection) without allocating."""
+  # Cached per (hashable) model config; fresh containers so callers may mutate them.
+  return jax.tree.map(lambda s: s, _param_shapes(model))
+
+
+__all__ = [
+  'SwinTransformer', 'SwinBlock', 'SwinStage', 'WindowAttention', 'PatchMerging',
+  'PatchEmbed', 'Mlp', 'relative_position_index', 'shifted_window_mask',
+  'window_partition', 'window_reverse', 'drop_path', 'swin_t', 'swin_s', 'swin_b',
+  'swin_micro', 'swin_nano', 'MODELS', 'get_model', 'param_shapes',
+]

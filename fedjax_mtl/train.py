@@ -1,0 +1,334 @@
+"""The round loop: build federation -> [local training -> aggregation -> evaluation
+-> logging/checkpoint] per round (FedHCA2 Alg. 1 for any aggregation rule).
+
+One jitted function runs a whole round: every client group trains (vmapped over
+clients, scanned over local steps), encoders `[N, ...]` and decoders `[K, ...]`
+are gathered across groups, aggregated and scattered back. Evaluation is a
+second jitted function. Host transfers happen once per round (logging).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tqdm import tqdm
+
+from fedjax_mtl import aggregators, evaluate, federation, local, report, scenarios
+from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.checkpoint import Checkpointer, abstract_like
+from fedjax_mtl.data import synthetic
+from fedjax_mtl.errors import ConfigError, check_choice
+from fedjax_mtl.models import get_encoder
+from fedjax_mtl.models.multitask import MultiTaskNet
+
+PyTree = Any
+DATA_SOURCES = ('synthetic', 'real')
+# Config fields that may change between a run and its resumption.
+RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'num_devices')
+
+
+@functools.lru_cache(maxsize=8)
+def _synthetic(domain, split, n, resolution, seed):
+  return synthetic.generate(domain, split, n, resolution, seed)
+
+
+def load_data(config) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+  """Train/test arrays per dataset used by the scenario."""
+  check_choice('data source', config.data.source, DATA_SOURCES)
+  datasets = sorted({b[0] for b in scenarios.layout(config.scenario)})
+  out = {}
+  if config.data.source == 'real':
+    data_dir = config.data.data_dir or os.environ.get('FEDJAX_MTL_DATA_DIR', '')
+    if not data_dir or not os.path.isdir(data_dir):
+      raise ConfigError(
+          f'data dir {data_dir!r} does not exist; set --config.data.data_dir or '
+          'FEDJAX_MTL_DATA_DIR to the folder holding PASCALContext/ and NYUDv2/')
+    raise ConfigError('real-data training is not wired into the engine yet; '
+                      "valid data sources today: 'synthetic'")
+  for d in datasets:
+    res = tuple(config.data.resolution[d])
+    out[d] = {split: _synthetic(d, split, int(config.data[f'num_{split}'][d]), res,
+                                int(config.data.seed))
+              for split in ('train', 'test')}
+  return out
+
+
+@dataclasses.dataclass(eq=False)
+class Experiment:
+  """Everything static about a run: federation, models, compiled functions."""
+  config: ml_collections.ConfigDict
+  fed: federation.Federation
+  data: dict
+  mesh: Mesh
+  encoder: Any
+  models_train: list
+  models_eval: list
+  tx: Any
+  aggregator: aggregators.Aggregator
+  round_fn: Any = None
+  eval_fn: Any = None
+
+  @property
+  def client_sharding(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P('clients'))
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P())
+
+
+def build(config) -> Experiment:
+  """Validate the config and build the (static) experiment; writes nothing."""
+  check_choice('algorithm', config.algorithm, aggregators.RULES)
+  scenarios.layout(config.scenario)
+  model_kw = {k: v for k, v in config.model.get('kwargs', {}).items()}
+  if config.model.get('dtype', 'float32') not in ('float32', 'bfloat16'):
+    raise ConfigError(f"unknown model dtype {config.model.dtype!r}; valid choices: "
+                      "'float32', 'bfloat16'")
+  dtype = jnp.dtype(config.model.get('dtype', 'float32'))
+  encoder = get_encoder(config.model.encoder, dtype=dtype, **model_kw)
+  data = load_data(config)
+  num_train = {d: len(v['train']['image']) for d, v in data.items()}
+  labels = {d: v['train'] for d, v in data.items()}
+  clients = scenarios.build_clients(config, labels, num_train)
+  devices = jax.devices()
+  n_dev = config.num_devices or len(devices)
+  if n_dev > len(devices):
+    raise ConfigError(f'num_devices={n_dev} but only {len(devices)} devices are visible')
+  mesh = Mesh(np.asarray(devices[:n_dev]), ('clients',))
+  fed = federation.build_federation(clients, n_dev)
+  models_train = [MultiTaskNet(encoder, g.head_channels, train=True, dtype=dtype)
+                  for g in fed.groups]
+  models_eval = [m.clone(train=False) for m in models_train]
+  info = aggregators.AggInfo(
+      num_clients=fed.num_clients, num_decoders=fed.num_decoders,
+      decoder_client=fed.decoder_client, decoder_names=fed.decoder_names,
+      client_names=tuple(c.name for c in fed.clients), homo_groups=fed.homo_groups)
+  agg = aggregators.get_aggregator(config.algorithm, info, config)
+  exp = Experiment(config=config, fed=fed, data=data, mesh=mesh, encoder=encoder,
+                   models_train=models_train, models_eval=models_eval,
+                   tx=local.make_optimizer(config.optim), aggregator=agg)
+  exp.round_fn = make_round_fn(exp)
+  exp.eval_fn = make_eval_fn(exp)
+  return exp
+
+
+def init_state(exp: Experiment) -> PyTree:
+  """Round-0 federation state: one shared encoder, fresh decoders/heads per client."""
+  cfg = exp.config
+  key = jax.random.PRNGKey(cfg.seed)
+  k_enc, k_models, k_run = jax.random.split(key, 3)
+  groups = []
+  enc_params = None
+  for g, (spec, model) in enumerate(zip(exp.fed.groups, exp.models_train)):
+    h, w = cfg.data.resolution[spec.dataset]
+    dummy = jnp.zeros((1, h, w, 3), jnp.float32)
+    ids = list(spec.client_ids) + [spec.client_ids[0]] * spec.num_pad
+    keys = jnp.stack([jax.random.fold_in(k_models, i) for i in ids])
+    variables = jax.jit(jax.vmap(lambda k: model.init({'params': k, 'dropout': k}, dummy)))(keys)
+    if enc_params is None:
+      enc_params = model.init({'params': k_enc, 'dropout': k_enc}, dummy)['params']['encoder']
+      if cfg.model.get('pretrained_path'):
+        enc_params = load_pretrained_encoder(cfg.model.pretrained_path, exp.encoder, enc_params)
+    params = dict(variables['params'])
+    params['encoder'] = jax.tree.map(
+        lambda x: jnp.broadcast_to(x, (spec.num_total,) + x.shape), enc_params)
+    opt_state = jax.vmap(exp.tx.init)(params)
+    groups.append({'params': params, 'batch_stats': variables['batch_stats'],
+                   'opt_state': opt_state})
+  enc = federation.gather_encoders([gs['params'] for gs in groups], exp.fed)
+  dec = federation.gather_decoders([gs['params'] for gs in groups], exp.fed)
+  state = {'round': jnp.zeros((), jnp.int32), 'rng': k_run, 'groups': groups,
+           'agg': exp.aggregator.init(enc, dec)}
+  return place(exp, state)
+
+
+def load_pretrained_encoder(path: str, encoder, like: PyTree) -> PyTree:
+  """Converted encoder weights from `path` (checked against the model's shapes)."""
+  if not os.path.exists(path):
+    raise ConfigError(f'model.pretrained_path {path!r} does not exist')
+  from fedjax_mtl.models import convert  # needs the Swin family
+  params = convert.load_pretrained(path, encoder)
+  shapes = jax.tree.map(np.shape, params)
+  if shapes != jax.tree.map(np.shape, like):
+    raise ConfigError(f'pretrained weights in {path!r} do not match model {encoder!r}')
+  return jax.tree.map(jnp.asarray, params)
+
+
+def place(exp: Experiment, state: PyTree) -> PyTree:
+  """Shard client axes over the mesh; replicate the rest."""
+  groups = jax.device_put(state['groups'], exp.client_sharding)
+  rest = jax.device_put({k: v for k, v in state.items() if k != 'groups'}, exp.replicated)
+  return {**rest, 'groups': groups}
+
+
+def make_round_fn(exp: Experiment):
+  """One jitted communication round: train all groups, aggregate, scatter back."""
+  cfg = exp.config
+  trainers = [local.make_group_trainer(g, m, exp.tx, cfg.optim, cfg.batch_size,
+                                       cfg.num_rounds)
+              for g, m in zip(exp.fed.groups, exp.models_train)]
+  fed = exp.fed
+  shard = exp.client_sharding
+
+  def round_fn(state, data):
+    r = state['round']
+    rkey = jax.random.fold_in(state['rng'], r)
+    trained, metrics = [], []
+    for g, (spec, train) in enumerate(zip(fed.groups, trainers)):
+      gs, m = train(state['groups'][g], data[spec.dataset]['train'], r,
+                    jax.random.fold_in(rkey, g))
+      trained.append(gs)
+      metrics.append(m)
+    prev_p = [gs['params'] for gs in state['groups']]
+    local_p = [gs['params'] for gs in trained]
+    inputs = aggregators.AggInputs(
+        enc_prev=federation.gather_encoders(prev_p, fed),
+        enc_local=federation.gather_encoders(local_p, fed),
+        dec_prev=federation.gather_decoders(prev_p, fed),
+        dec_local=federation.gather_decoders(local_p, fed), round=r)
+    enc, dec, agg_state, logs = exp.aggregator.apply(state['agg'], inputs)
+    new_params = federation.scatter(local_p, fed, enc, dec)
+    groups = [jax.lax.with_sharding_constraint({**gs, 'params': p}, shard)
+              for gs, p in zip(trained, new_params)]
+    new_state = {'round': r + 1, 'rng': state['rng'], 'groups': groups, 'agg': agg_state}
+    return new_state, {'train': metrics, 'agg': logs}
+
+  return jax.jit(round_fn, donate_argnums=0)
+
+
+def make_eval_fn(exp: Experiment):
+  """One jitted evaluation of every group on its test split."""
+  evaluators = [evaluate.make_group_evaluator(g, m)
+                for g, m in zip(exp.fed.groups, exp.models_eval)]
+
+  def eval_fn(groups, test_batches):
+    return [ev(gs['params'], gs['batch_stats'], test_batches[spec.dataset])
+            for ev, gs, spec in zip(evaluators, groups, exp.fed.groups)]
+
+  return jax.jit(eval_fn)
+
+
+def device_data(exp: Experiment):
+  """Train arrays and batched test arrays on device (replicated over the mesh)."""
+  train = {d: {'train': v['train']} for d, v in exp.data.items()}
+  test = {d: evaluate.batch_test_split(v['test'], exp.config.eval_batch_size)
+          for d, v in exp.data.items()}
+  return jax.device_put(train, exp.replicated), jax.device_put(test, exp.replicated)
+
+
+def run_eval(exp: Experiment, state, test_data) -> list[dict]:
+  """Metrics rows (client, task, metric, value) of the current personalised models."""
+  stats = jax.device_get(exp.eval_fn(state['groups'], test_data))
+  rows = []
+  for spec, st in zip(exp.fed.groups, stats):
+    rows += evaluate.finalize_group(spec, st, exp.fed.clients)
+  return rows
+
+
+def _train_rows(exp: Experiment, rnd: int, metrics) -> list[dict]:
+  rows = []
+  for spec, m in zip(exp.fed.groups, metrics):
+    for j, cid in enumerate(spec.client_ids):
+      c = exp.fed.clients[cid]
+      for s, t in enumerate(c.tasks):
+        rows.append({'round': rnd, 'type': 'train', 'client': c.name, 'dataset': c.dataset,
+                     'task': t, 'loss': float(m['loss'][j, s]), 'steps': int(m['steps'][j])})
+  return rows
+
+
+def _agg_rows(rnd: int, logs: dict) -> list[dict]:
+  if not logs:
+    return []
+  return [{'round': rnd, 'type': 'agg',
+           **{k: np.asarray(v).tolist() for k, v in logs.items()}}]
+
+
+def _summary(rnd: int, total: int, dt: float, train_rows, eval_rows) -> str:
+  loss = np.mean([r['loss'] for r in train_rows])
+  line = f'round {rnd}/{total} {dt:6.2f}s | train loss {loss:.4f}'
+  if eval_rows:
+    by = {}
+    for r in eval_rows:
+      by.setdefault((r['dataset'], r['task'], r['metric']), []).append(r['value'])
+    line += ' | eval ' + ' '.join(f'{d}/{t} {m} {np.mean(v):.2f}' for (d, t, m), v in by.items())
+  return line
+
+
+def _check_workdir(config, workdir: str) -> None:
+  """Refuse a workdir holding a run with another config (before writing anything)."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = json.load(f)
+  new = json.loads(config.to_json_best_effort())
+  diffs = sorted(k for k in set(old) | set(new)
+                 if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+  if diffs:
+    raise ConfigError(
+        f'workdir {workdir!r} holds a run with a different config (fields: '
+        f'{", ".join(diffs)}); use a new --workdir or the same config to resume')
+
+
+def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> dict:
+  """Run (or resume) the federated experiment in `workdir`; returns final metrics.
+
+  `stop_after` ends the process after that many completed rounds, as an
+  interruption would (used to test resumption).
+  """
+  _check_workdir(config, workdir)
+  exp = build(config)
+  state = init_state(exp)
+  os.makedirs(workdir, exist_ok=True)
+  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  start = ckpt.latest_round() or 0
+  if start:
+    state = ckpt.restore(abstract_like(state))
+    report.truncate_jsonl(metrics_path, start)
+  elif os.path.exists(metrics_path):
+    report.truncate_jsonl(metrics_path, 0)
+  report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  train_data, test_data = device_data(exp)
+  total = config.num_rounds
+  steps = sum(int(g.local_epochs * (g.counts // config.batch_size).sum()) for g in exp.fed.groups)
+  bar = tqdm(total=total, initial=start, unit='round', disable=not config.progress,
+             desc=f'{config.algorithm} {exp.fed.num_clients} clients {steps} steps/round')
+  eval_rows: list[dict] = []
+  try:
+    for rnd in range(start + 1, total + 1):
+      t0 = time.time()
+      state, out = exp.round_fn(state, train_data)
+      out = jax.device_get(out)  # the one host transfer per round
+      rows = _train_rows(exp, rnd, out['train']) + _agg_rows(rnd, out['agg'])
+      eval_rows = []
+      if rnd % config.eval_every == 0 or rnd == total:
+        eval_rows = [{'round': rnd, 'type': 'eval', **r} for r in run_eval(exp, state, test_data)]
+      report.append_jsonl(metrics_path, rows + eval_rows)
+      if rnd % config.checkpoint_every == 0 or rnd == total:
+        ckpt.save(rnd, state)
+      bar.update(1)
+      tqdm.write(_summary(rnd, total, time.time() - t0,
+                          [r for r in rows if r['type'] == 'train'], eval_rows))
+      if stop_after is not None and rnd >= stop_after:
+        return {'state': state, 'eval': eval_rows, 'interrupted': True}
+  finally:
+    bar.close()
+    ckpt.close()
+  final = [r for r in report.read_jsonl(metrics_path) if r['type'] == 'eval'
+           and r['round'] == total]
+  md, csv_text = report.results_table(config.algorithm, final)
+  report.atomic_write(os.path.join(workdir, 'results.md'), md)
+  report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
+  return {'state': state, 'eval': final, 'interrupted': False}
