@@ -37,6 +37,7 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collect
   c.algorithm = algorithm
   c.scenario = 'pascal_st_nyud_mt_1c'
   c.seed = 0
+  c.tasks = ''  # comma-separated subset of the scenario's tasks ('' = all)
   c.split_seed = 0  # numpy seed of the client partition (released code: 0)
   c.parts_clients_humans_only = True  # released code keeps only images with humans
 

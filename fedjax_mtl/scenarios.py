@@ -65,6 +65,28 @@ def layout(name: str) -> list[tuple]:
   return LAYOUTS[name]
 
 
+def select_tasks(blocks: list[tuple], tasks: str) -> list[tuple]:
+  """Restrict a layout to the comma-separated `tasks` ('' keeps all).
+
+  Single-task clients of dropped tasks disappear; multi-task clients keep the
+  selected subset of their tasks (and disappear if none is left).
+  """
+  if not tasks:
+    return blocks
+  wanted = [t.strip() for t in tasks.split(',') if t.strip()]
+  valid = sorted({t for d in {b[0] for b in blocks} for t in DATASETS[d].tasks})
+  for t in wanted:
+    check_choice('task', t, valid, ' in config.tasks')
+  out = []
+  for dataset, kind, block_tasks, copies in blocks:
+    kept = tuple(t for t in block_tasks if t in wanted)
+    if kept:
+      out.append((dataset, kind, kept, copies))
+  if not out:
+    raise ConfigError(f'config.tasks={tasks!r} leaves no client in this scenario')
+  return out
+
+
 def build_clients(config, train_labels: dict[str, dict[str, np.ndarray]] | None = None,
                   num_train: dict[str, int] | None = None) -> list[ClientSpec]:
   """Client specs for `config.scenario` with disjoint random equal train splits.
@@ -73,7 +95,7 @@ def build_clients(config, train_labels: dict[str, dict[str, np.ndarray]] | None 
   per-dataset label arrays, used to keep only images with humans for
   human_parts-only clients (`config.parts_clients_humans_only`).
   """
-  blocks = layout(config.scenario)
+  blocks = select_tasks(layout(config.scenario), config.get('tasks', ''))
   rs = np.random.RandomState(config.split_seed)
   epochs_cfg = dict(config.local_epochs)
   by_key: dict[tuple, list] = {}

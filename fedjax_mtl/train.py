@@ -34,7 +34,7 @@ from fedjax_mtl.models.multitask import MultiTaskNet
 PyTree = Any
 DATA_SOURCES = ('synthetic', 'real')
 # Config fields that may change between a run and its resumption.
-RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'num_devices')
+RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress')
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,8 +87,25 @@ class Experiment:
     return NamedSharding(self.mesh, P())
 
 
+_BUILT: dict[str, Experiment] = {}
+
+
 def build(config) -> Experiment:
-  """Validate the config and build the (static) experiment; writes nothing."""
+  """Validate the config and build the (static) experiment; writes nothing.
+
+  Experiments are cached per config (ignoring logging/checkpoint cadence), so
+  running the same config again in one process (a notebook, a resumed run)
+  reuses its compiled functions.
+  """
+  key = json.dumps({k: v for k, v in json.loads(config.to_json_best_effort()).items()
+                    if k not in RESUMABLE_FIELDS}, sort_keys=True)
+  if key not in _BUILT:
+    _BUILT.clear()  # keep at most one experiment's buffers alive
+    _BUILT[key] = _build(config)
+  return _BUILT[key]
+
+
+def _build(config) -> Experiment:
   check_choice('algorithm', config.algorithm, aggregators.RULES)
   scenarios.layout(config.scenario)
   model_kw = {k: v for k, v in config.model.get('kwargs', {}).items()}
@@ -123,33 +140,69 @@ def build(config) -> Experiment:
   return exp
 
 
-def init_state(exp: Experiment) -> PyTree:
-  """Round-0 federation state: one shared encoder, fresh decoders/heads per client."""
+def _init_fn(exp: Experiment):
+  """`init(key) -> state`: one shared encoder, fresh decoders/heads per client."""
   cfg = exp.config
-  key = jax.random.PRNGKey(cfg.seed)
-  k_enc, k_models, k_run = jax.random.split(key, 3)
-  groups = []
-  enc_params = None
-  for g, (spec, model) in enumerate(zip(exp.fed.groups, exp.models_train)):
-    h, w = cfg.data.resolution[spec.dataset]
-    dummy = jnp.zeros((1, h, w, 3), jnp.float32)
-    ids = list(spec.client_ids) + [spec.client_ids[0]] * spec.num_pad
-    keys = jnp.stack([jax.random.fold_in(k_models, i) for i in ids])
-    variables = jax.jit(jax.vmap(lambda k: model.init({'params': k, 'dropout': k}, dummy)))(keys)
-    if enc_params is None:
-      enc_params = model.init({'params': k_enc, 'dropout': k_enc}, dummy)['params']['encoder']
-      if cfg.model.get('pretrained_path'):
-        enc_params = load_pretrained_encoder(cfg.model.pretrained_path, exp.encoder, enc_params)
-    params = dict(variables['params'])
-    params['encoder'] = jax.tree.map(
-        lambda x: jnp.broadcast_to(x, (spec.num_total,) + x.shape), enc_params)
-    opt_state = jax.vmap(exp.tx.init)(params)
-    groups.append({'params': params, 'batch_stats': variables['batch_stats'],
-                   'opt_state': opt_state})
-  enc = federation.gather_encoders([gs['params'] for gs in groups], exp.fed)
-  dec = federation.gather_decoders([gs['params'] for gs in groups], exp.fed)
-  state = {'round': jnp.zeros((), jnp.int32), 'rng': k_run, 'groups': groups,
-           'agg': exp.aggregator.init(enc, dec)}
+
+  def init(seed):
+    # Parameter init uses the 'rbg' PRNG (XLA RngBitGenerator): it compiles
+    # several times faster on CPU than threefry for the hundreds of
+    # initialiser calls; the training RNG stays threefry.
+    k_enc, k_models = jax.random.split(jax.random.key(seed, impl='rbg'))
+    k_run = jax.random.PRNGKey(seed)
+    groups = []
+    enc_params = None
+    for spec, model in zip(exp.fed.groups, exp.models_train):
+      h, w = cfg.data.resolution[spec.dataset]
+      dummy = jnp.zeros((1, h, w, 3), jnp.float32)
+      ids = jnp.asarray(list(spec.client_ids) + [spec.client_ids[0]] * spec.num_pad)
+      keys = jax.vmap(lambda i: jax.random.fold_in(k_models, i))(ids)
+      variables = jax.vmap(lambda k: model.init({'params': k, 'dropout': k}, dummy))(keys)
+      if enc_params is None:
+        enc_params = model.init({'params': k_enc, 'dropout': k_enc},
+                                dummy)['params']['encoder']
+      groups.append({'params': dict(variables['params']),
+                     'batch_stats': variables['batch_stats']})
+    for gs, spec in zip(groups, exp.fed.groups):
+      gs['params']['encoder'] = jax.tree.map(
+          lambda x: jnp.broadcast_to(x, (spec.num_total,) + x.shape), enc_params)
+      gs['opt_state'] = jax.vmap(exp.tx.init)(gs['params'])
+    return {'round': jnp.zeros((), jnp.int32), 'rng': k_run, 'groups': groups}
+
+  return init
+
+
+def init_state(exp: Experiment, abstract: bool = False) -> PyTree:
+  """Round-0 federation state, placed on the mesh (or its abstract shapes).
+
+  All clients start from one shared encoder (loaded from
+  `model.pretrained_path` when set); decoders and heads are initialised per
+  client from keys folded with the client id.
+  """
+  key = jnp.asarray(exp.config.seed, jnp.uint32)
+  init = _init_fn(exp)
+  if abstract:
+    state = jax.eval_shape(init, key)
+  else:
+    state = jax.jit(init)(key)
+    if exp.config.model.get('pretrained_path'):
+      enc = load_pretrained_encoder(exp.config.model.pretrained_path, exp.encoder,
+                                    state['groups'][0]['params']['encoder'])
+      for gs, spec in zip(state['groups'], exp.fed.groups):
+        gs['params']['encoder'] = jax.tree.map(
+            lambda x: jnp.broadcast_to(x, (spec.num_total,) + x.shape), enc)
+  params = [gs['params'] for gs in state['groups']]
+  agg_init = lambda p: exp.aggregator.init(federation.gather_encoders(p, exp.fed),
+                                           federation.gather_decoders(p, exp.fed))
+  state['agg'] = jax.eval_shape(agg_init, params) if abstract else jax.jit(agg_init)(params)
+  if abstract:
+    groups = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.client_sharding),
+        state['groups'])
+    rest = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.replicated),
+        {k: v for k, v in state.items() if k != 'groups'})
+    return {**rest, 'groups': groups}
   return place(exp, state)
 
 
@@ -289,16 +342,17 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   """
   _check_workdir(config, workdir)
   exp = build(config)
-  state = init_state(exp)
   os.makedirs(workdir, exist_ok=True)
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   start = ckpt.latest_round() or 0
   if start:
-    state = ckpt.restore(abstract_like(state))
+    state = ckpt.restore(init_state(exp, abstract=True))
     report.truncate_jsonl(metrics_path, start)
-  elif os.path.exists(metrics_path):
-    report.truncate_jsonl(metrics_path, 0)
+  else:
+    state = init_state(exp)
+    if os.path.exists(metrics_path):
+      report.truncate_jsonl(metrics_path, 0)
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   train_data, test_data = device_data(exp)
   total = config.num_rounds

@@ -99,7 +99,6 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
     obj_classes = rng.integers(2, num_classes, size=(n, _MAX_OBJECTS))
   depth = depth.astype(np.float64)
   parts = np.zeros((n, H, W), np.int32)
-  has_person = np.zeros(n, bool)
   salient = np.zeros((n, H, W), bool)
 
   for j in range(_MAX_OBJECTS):
@@ -144,7 +143,6 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
           [1, 3, 4, 2, 5], default=6)
       pdraw = draw & is_person[:, None, None]
       parts = np.where(draw, np.where(pdraw, part, 0), parts)
-      has_person |= np.any(pdraw, axis=(1, 2))
 
   # Edges where the visible instance changes (semantic + depth discontinuities).
   edge = np.zeros((n, H, W), bool)
@@ -166,6 +164,9 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   out = {'image': image, 'semseg': sem.astype(np.uint8),
          'normals': normals.astype(np.float32), 'edge': edge.astype(np.uint8)}
   if domain == 'pascal':
+    # A parts map with no visible part pixel (no person, or every person fully
+    # occluded) is all-ignore, as AddIgnoreRegions makes it for the real data.
+    has_person = np.any(parts > 0, axis=(1, 2))
     out['human_parts'] = np.where(has_person[:, None, None], parts, IGNORE).astype(np.uint8)
     out['sal'] = salient.astype(np.uint8)
   else:

@@ -1,0 +1,250 @@
+"""The federated engine end to end on the tiny synthetic scenario.
+
+Covers: local training (masked padding steps, per-client task ids, the lr
+schedule), gather/scatter of the stacked encoder/decoder views, the local and
+fedavg rules inside a jitted round, evaluation, the workdir outputs, bitwise
+resumption, and a 4-device run matching the single-device one.
+"""
+
+import json
+import re
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from fedjax_mtl import federation, local, train
+from fedjax_mtl.report import read_jsonl
+
+HERE = os.path.dirname(__file__)
+
+
+def _np(tree):
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def _real_views(exp, state):
+  """(encoders [N], decoders [K], heads per real client) of a state, as NumPy."""
+  params = [gs['params'] for gs in state['groups']]
+  enc = federation.gather_encoders(params, exp.fed)
+  dec = federation.gather_decoders(params, exp.fed)
+  heads = [{k: jax.tree.map(lambda x, n=g.num_real: x[:n], v)
+            for k, v in p.items() if k.startswith('head_')}
+           for p, g in zip(params, exp.fed.groups)]
+  return _np(enc), _np(dec), _np(heads)
+
+
+@pytest.fixture(scope='module')
+def fedavg_run(tmp_path_factory):
+  wd = str(tmp_path_factory.mktemp('fedavg'))
+  out = train.train_and_evaluate(tiny_config('fedavg'), wd)
+  return wd, out
+
+
+def test_epoch_lr_matches_timm_cosine_with_warmup():
+  class O:
+    lr, warmup_lr_init, min_lr, warmup_epochs = 1e-4, 1.25e-7, 1.25e-6, 5
+  total = 100
+
+  def ref(t):  # timm CosineLRScheduler(t_initial=total-warm, warmup_prefix=True)
+    if t < O.warmup_epochs:
+      return O.warmup_lr_init + t * (O.lr - O.warmup_lr_init) / O.warmup_epochs
+    tc = t - O.warmup_epochs
+    ti = total - O.warmup_epochs
+    return O.min_lr + 0.5 * (O.lr - O.min_lr) * (1 + np.cos(np.pi * tc / ti))
+
+  epochs = np.arange(total)
+  got = np.asarray(local.epoch_lr(jnp.asarray(epochs), O, total))
+  # Stepped after each epoch: epoch k trains at the value for t = max(k-1, 0).
+  want = np.array([ref(max(k - 1, 0)) for k in epochs])
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert got[0] == got[1] == pytest.approx(O.warmup_lr_init)
+
+
+def test_client_plan_shuffles_each_epoch_and_masks_padding():
+  row = jnp.asarray(np.r_[np.arange(10, 20), np.zeros(6, int)])  # 10 real of 16
+  idx, mask = local.client_plan(row, jnp.int32(10), jax.random.PRNGKey(0), 2, 4)
+  idx, mask = np.asarray(idx), np.asarray(mask)
+  assert idx.shape == (8, 4) and mask.tolist() == [1, 1, 0, 0] * 2
+  e0, e1 = idx[:2].ravel(), idx[4:6].ravel()
+  assert set(e0) <= set(range(10, 20)) and len(set(e0)) == 8
+  assert set(e1) <= set(range(10, 20)) and len(set(e1)) == 8
+  assert not np.array_equal(e0, e1)
+
+
+def test_group_trainer_freezes_padding_steps_and_padding_clients():
+  cfg = tiny_config('local')
+  exp = train.build(cfg)
+  state = train.init_state(exp)
+  train_data, _ = train.device_data(exp)
+  g = 0
+  spec = exp.fed.groups[g]
+  trainer = jax.jit(local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
+                                             cfg.batch_size, cfg.num_rounds))
+  gstate = jax.tree.map(lambda x: x, state['groups'][g])
+  before = _np(gstate)
+  # Round 3: past the warm-up, so every real step changes the parameters.
+  new, metrics = trainer(gstate, train_data[spec.dataset]['train'], jnp.int32(2),
+                         jax.random.PRNGKey(1))
+  new, metrics = _np(new), _np(metrics)
+  want_steps = spec.local_epochs * (spec.counts // cfg.batch_size)
+  np.testing.assert_array_equal(metrics['steps'], want_steps)
+  # The human_parts client has fewer images, so it ran masked padding steps.
+  assert len(set(want_steps[:spec.num_real].tolist())) > 1
+  # Adam's step counter counts only real steps.
+  counts = [x for x in jax.tree.leaves(new['opt_state']) if x.dtype == np.int32]
+  np.testing.assert_array_equal(counts[0], want_steps)
+  for j in range(spec.num_real):
+    for name in ('encoder', 'decoders', 'head_0'):
+      a = jax.tree.leaves(before['params'][name])
+      b = jax.tree.leaves(new['params'][name])
+      assert any(not np.array_equal(x[j], y[j]) for x, y in zip(a, b)), (j, name)
+  # Each client's loss is the loss of its own task (slot 0 holds different tasks).
+  assert np.all(np.isfinite(metrics['loss'])) and np.unique(metrics['loss']).size > 1
+
+
+def test_gather_scatter_roundtrip_and_layout():
+  exp = train.build(tiny_config('local'))
+  state = train.init_state(exp)
+  params = [gs['params'] for gs in state['groups']]
+  enc = federation.gather_encoders(params, exp.fed)
+  dec = federation.gather_decoders(params, exp.fed)
+  n, k = exp.fed.num_clients, exp.fed.num_decoders
+  assert n == 5 and k == 4 + 3
+  assert all(x.shape[0] == n for x in jax.tree.leaves(enc))
+  assert all(x.shape[0] == k for x in jax.tree.leaves(dec))
+  # Mark every decoder and encoder with its stacked index and scatter it back.
+  enc_m = jax.tree.map(lambda x: jnp.broadcast_to(
+      jnp.arange(n, dtype=x.dtype).reshape((n,) + (1,) * (x.ndim - 1)), x.shape), enc)
+  dec_m = jax.tree.map(lambda x: jnp.broadcast_to(
+      jnp.arange(k, dtype=x.dtype).reshape((k,) + (1,) * (x.ndim - 1)), x.shape), dec)
+  out = federation.scatter(params, exp.fed, enc_m, dec_m)
+  mt = exp.fed.groups[1]
+  leaf = jax.tree.leaves(out[1]['decoders'])[0]
+  # The MT client's 3 decoder slots are decoders 4..6 in client-major order.
+  np.testing.assert_array_equal(np.asarray(leaf[0]).reshape(3, -1)[:, 0], [4, 5, 6])
+  assert exp.fed.decoder_client == (0, 1, 2, 3, 4, 4, 4) and mt.num_real == 1
+  back_e = federation.gather_encoders(out, exp.fed)
+  back_d = federation.gather_decoders(out, exp.fed)
+  for a, b in zip(jax.tree.leaves(back_e) + jax.tree.leaves(back_d),
+                  jax.tree.leaves(enc_m) + jax.tree.leaves(dec_m)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_fedavg_round_shares_encoder_and_decoders_but_not_heads(fedavg_run):
+  _, out = fedavg_run
+  exp = train.build(tiny_config('fedavg'))
+  enc, dec, heads = _real_views(exp, out['state'])
+  for x in jax.tree.leaves(enc) + jax.tree.leaves(dec):
+    np.testing.assert_allclose(x, np.broadcast_to(x.mean(0), x.shape), rtol=1e-6, atol=1e-7)
+  h = jax.tree.leaves(heads[0]['head_0'])[0]
+  assert not np.allclose(h[0], h[1])
+  # Batch-norm statistics stay local: they differ between clients.
+  bs = jax.tree.leaves(_np(out['state']['groups'][0]['batch_stats']))[0]
+  assert not np.allclose(bs[0], bs[1])
+
+
+def test_fedavg_aggregation_is_the_uniform_mean_of_local_models():
+  exp = train.build(tiny_config('fedavg'))
+  state = train.init_state(exp)
+  train_data, _ = train.device_data(exp)
+  cfg = exp.config
+  trained = []
+  for g, spec in enumerate(exp.fed.groups):
+    tr = jax.jit(local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
+                                          cfg.batch_size, cfg.num_rounds))
+    key = jax.random.fold_in(jax.random.fold_in(state['rng'], 0), g)
+    trained.append(tr(state['groups'][g], train_data[spec.dataset]['train'],
+                      jnp.int32(0), key)[0]['params'])
+  enc_local = _np(federation.gather_encoders(trained, exp.fed))
+  dec_local = _np(federation.gather_decoders(trained, exp.fed))
+  new_state, _ = exp.round_fn(state, train_data)
+  enc, dec, _ = _real_views(exp, new_state)
+  for got, loc in zip(jax.tree.leaves(enc) + jax.tree.leaves(dec),
+                      jax.tree.leaves(enc_local) + jax.tree.leaves(dec_local)):
+    np.testing.assert_allclose(got[0], loc.astype(np.float64).mean(0), rtol=2e-5, atol=1e-6)
+
+
+def test_local_rule_keeps_every_client_its_own_model():
+  exp = train.build(tiny_config('local'))
+  state = train.init_state(exp)
+  train_data, _ = train.device_data(exp)
+  state, _ = exp.round_fn(state, train_data)
+  state, _ = exp.round_fn(state, train_data)
+  enc, dec, _ = _real_views(exp, state)
+  for x in jax.tree.leaves(enc):
+    assert len({x[i].tobytes() for i in range(x.shape[0])}) == x.shape[0]
+
+
+def test_workdir_outputs(fedavg_run):
+  wd, out = fedavg_run
+  cfg = tiny_config('fedavg')
+  assert json.load(open(os.path.join(wd, 'config.json')))['algorithm'] == 'fedavg'
+  rows = read_jsonl(os.path.join(wd, 'metrics.jsonl'))
+  train_rows = [r for r in rows if r['type'] == 'train']
+  eval_rows = [r for r in rows if r['type'] == 'eval']
+  # One train row per (round, client, task): 4 ST + 3 MT tasks.
+  assert len(train_rows) == cfg.num_rounds * 7
+  assert sorted({r['round'] for r in eval_rows}) == [2, 3]
+  metrics = {(r['task'], r['metric']) for r in eval_rows}
+  assert {('semseg', 'mIoU'), ('human_parts', 'mIoU'), ('sal', 'maxF'),
+          ('depth', 'RMSE')} <= metrics
+  assert all(np.isfinite(r['value']) for r in eval_rows)
+  md = open(os.path.join(wd, 'results.md')).read()
+  csv = open(os.path.join(wd, 'results.csv')).read().splitlines()
+  assert md.startswith('| method |') and 'nyud_mt_mt_0/depth RMSE' in md
+  assert len(csv) == 2 and csv[1].startswith('fedavg,') and len(csv[1].split(',')) == 8
+  assert out['eval'] == [r for r in eval_rows if r['round'] == 3]
+
+
+def test_resume_is_bitwise_identical(fedavg_run, tmp_path):
+  wd_full, full = fedavg_run
+  cfg = tiny_config('fedavg')
+  wd = str(tmp_path / 'resumed')
+  part = train.train_and_evaluate(cfg, wd, stop_after=1)
+  assert part['interrupted']
+  resumed = train.train_and_evaluate(cfg, wd)
+  for a, b in zip(jax.tree.leaves(_np(full['state'])), jax.tree.leaves(_np(resumed['state']))):
+    np.testing.assert_array_equal(a, b)
+  strip = lambda rows: [{k: v for k, v in r.items()} for r in rows]
+  assert strip(read_jsonl(os.path.join(wd, 'metrics.jsonl'))) == strip(
+      read_jsonl(os.path.join(wd_full, 'metrics.jsonl')))
+  assert open(os.path.join(wd, 'results.csv')).read() == open(
+      os.path.join(wd_full, 'results.csv')).read()
+
+
+def test_four_devices_match_one_device(fedavg_run, tmp_path):
+  _, full = fedavg_run
+  exp = train.build(tiny_config('fedavg'))
+  enc, dec, heads = _real_views(exp, full['state'])
+  out = tmp_path / 'multi.npz'
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  subprocess.run([sys.executable, os.path.join(HERE, 'multidevice_worker.py'), str(out),
+                  str(tmp_path / 'wd')], check=True, env=env, cwd=HERE)
+  got = np.load(out)
+  assert int(got['num_devices']) == 4 and int(got['num_padded_clients']) == 4 + 4
+  # Biases feeding a train-mode BatchNorm (the decoders' linears and the encoder's
+  # stage norms) have an exactly zero gradient (BN removes any constant shift):
+  # Adam turns the rounding noise in that zero into lr-sized random steps, so
+  # they are compared only for boundedness; they do not change the outputs.
+  shift_invariant = re.compile(r"\['(norm\d|linear_\d|fuse_conv)'\]\['bias'\]$")
+  checked = 0
+  for name, tree in (('enc', enc), ('dec', dec), ('heads', heads)):
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      key = f'{name}{jax.tree_util.keystr(path)}'
+      if shift_invariant.search(key):
+        np.testing.assert_allclose(got[key], x, atol=5e-3)
+      else:
+        np.testing.assert_allclose(got[key], x, rtol=1e-4, atol=1e-6, err_msg=key)
+        checked += 1
+  assert checked > 50
+  eval_multi = json.loads(str(got['eval']))
+  assert [(r['client'], r['task']) for r in eval_multi] == [
+      (r['client'], r['task']) for r in full['eval']]
+  np.testing.assert_allclose([r['value'] for r in eval_multi],
+                             [r['value'] for r in full['eval']], rtol=5e-3)

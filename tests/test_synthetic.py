@@ -1,0 +1,239 @@
+"""Synthetic benchmark: formats, determinism, cross-task consistency, domain shift."""
+
+import numpy as np
+import pytest
+
+from fedjax_mtl import tasks
+from fedjax_mtl.data import synthetic
+from fedjax_mtl.errors import ConfigError
+
+N = 200
+RES = (64, 64)
+PERSON = 15
+
+
+@pytest.fixture(scope='module')
+def pascal():
+  return synthetic.generate('pascal', 'train', N, RES, seed=0)
+
+
+@pytest.fixture(scope='module')
+def nyud():
+  return synthetic.generate('nyud', 'train', N, RES, seed=0)
+
+
+@pytest.fixture(scope='module')
+def data(pascal, nyud):
+  return {'pascal': pascal, 'nyud': nyud}
+
+
+DOMAINS = ('pascal', 'nyud')
+
+
+# ----------------------------------------------------------------------------
+# Formats
+
+
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_keys_shapes_and_dtypes(data, domain):
+  x = data[domain]
+  assert set(x) == {'image'} | set(tasks.DATASETS[domain].tasks)
+  assert x['image'].shape == (N,) + RES + (3,) and x['image'].dtype == np.uint8
+  assert x['normals'].shape == (N,) + RES + (3,) and x['normals'].dtype == np.float32
+  for k in ('semseg', 'edge', 'human_parts', 'sal'):
+    if k in x:
+      assert x[k].shape == (N,) + RES and x[k].dtype == np.uint8, k
+  if 'depth' in x:
+    assert x['depth'].shape == (N,) + RES and x['depth'].dtype == np.float32
+
+
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_label_value_ranges(data, domain):
+  x = data[domain]
+  info = tasks.DATASETS[domain]
+  sem = x['semseg']
+  assert sem.max() < info.semseg_classes  # fully labelled, no ignore
+  assert set(np.unique(x['edge'])) <= {0, 1}
+  if domain == 'pascal':
+    assert set(np.unique(x['sal'])) <= {0, 1}
+    hp = x['human_parts']
+    assert set(np.unique(hp)) <= set(range(info.channels('human_parts'))) | {255}
+  if domain == 'nyud':
+    d = x['depth']
+    assert np.all(np.isfinite(d))
+    # metres, valid for the RMSE metric (0 < gt < 80), no ignore markers
+    assert d.min() > 0. and d.max() < 80.
+  # The image uses a good part of the uint8 range.
+  assert x['image'].max() > 150 and x['image'].min() < 60
+
+
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_normals_are_unit_and_face_the_camera(data, domain):
+  n = data[domain]['normals']
+  assert np.all(n != 255)  # every pixel is a rendered surface: nothing ignored
+  assert np.all(np.abs(n) <= 1.)
+  np.testing.assert_allclose(np.linalg.norm(n, axis=-1), 1., atol=1e-5)
+  assert n[..., 2].min() >= -1e-6  # visible surfaces point towards the viewer
+
+
+def test_human_parts_all_ignore_exactly_when_no_person_is_visible(pascal):
+  hp, sem = pascal['human_parts'], pascal['semseg']
+  ignored = np.all(hp == 255, axis=(1, 2))
+  partial = np.any(hp == 255, axis=(1, 2)) & ~ignored
+  assert not partial.any()  # per image: all-255 or fully labelled
+  visible = np.any(sem == PERSON, axis=(1, 2))
+  np.testing.assert_array_equal(~ignored, visible)
+  # Both kinds occur, so the parts task has data and the human filter bites.
+  assert 0.1 * N < visible.sum() < 0.9 * N
+  # Part labels 1..6 sit exactly on person pixels, background 0 elsewhere.
+  lab = hp[visible]
+  np.testing.assert_array_equal((lab > 0), sem[visible] == PERSON)
+  assert set(np.unique(lab[lab > 0])) == set(range(1, 7))
+
+
+def test_fully_occluded_people_leave_an_all_ignore_parts_map():
+  # Regression: a person drawn and then completely hidden by a nearer object
+  # used to leave an all-background (0) parts map that counted as "has humans".
+  # Small images make full occlusion common enough to hit it (~1% of scenes).
+  for seed in range(4):
+    x = synthetic.generate('pascal', 'train', 500, (16, 16), seed=seed)
+    has_parts = np.any(x['human_parts'] != 255, axis=(1, 2))
+    visible = np.any(x['semseg'] == PERSON, axis=(1, 2))
+    np.testing.assert_array_equal(has_parts, visible)
+    assert np.all(np.any(x['human_parts'][has_parts] > 0, axis=(1, 2)))
+
+
+def test_no_person_class_in_nyud(nyud):
+  # NYUD has no parts task; class 15 is an ordinary object class there.
+  assert 'human_parts' not in nyud and 'sal' not in nyud
+
+
+# ----------------------------------------------------------------------------
+# Cross-task consistency
+
+
+def test_saliency_marks_exactly_the_objects(pascal):
+  # PASCAL background (sky and ground) is class 0; every object is salient.
+  np.testing.assert_array_equal(pascal['sal'] == 1, pascal['semseg'] != 0)
+  frac = pascal['sal'].mean()
+  assert 0.02 < frac < 0.9
+
+
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_edges_at_semantic_boundaries(data, domain):
+  sem, edge = data[domain]['semseg'], data[domain]['edge'].astype(bool)
+  # A class change to the right / below puts an edge on the left / top pixel.
+  dx = sem[:, :, :-1] != sem[:, :, 1:]
+  dy = sem[:, :-1, :] != sem[:, 1:, :]
+  assert dx.any() and dy.any()
+  assert np.all(edge[:, :, :-1][dx])
+  assert np.all(edge[:, :-1, :][dy])
+  assert np.all(edge.any(axis=(1, 2)))  # every scene has some boundary
+  assert edge.mean() < 0.25  # ... and edges stay thin
+
+
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_every_edge_separates_different_surfaces(data, domain):
+  x = data[domain]
+  edge = x['edge'].astype(bool)
+  sem, nrm = x['semseg'], x['normals']
+
+  def differs(sl_a, sl_b):
+    d = (sem[sl_a] != sem[sl_b]) | np.any(nrm[sl_a] != nrm[sl_b], -1)
+    if 'depth' in x:
+      d |= x['depth'][sl_a] != x['depth'][sl_b]
+    return d
+
+  right = np.zeros_like(edge)
+  right[:, :, :-1] = differs(np.s_[:, :, :-1], np.s_[:, :, 1:])
+  down = np.zeros_like(edge)
+  down[:, :-1, :] = differs(np.s_[:, :-1, :], np.s_[:, 1:, :])
+  assert np.all((right | down)[edge])
+
+
+def test_depth_discontinuities_are_edges(nyud):
+  d, edge = nyud['depth'], nyud['edge'].astype(bool)
+  jump_x = np.abs(d[:, :, :-1] - d[:, :, 1:]) > 1.0
+  jump_y = np.abs(d[:, :-1, :] - d[:, 1:, :]) > 1.0
+  assert jump_x.any() and jump_y.any()
+  assert np.all(edge[:, :, :-1][jump_x])
+  assert np.all(edge[:, :-1, :][jump_y])
+
+
+def test_floor_gets_closer_towards_the_bottom(nyud):
+  # NYU40 floor = 1 after the -1 shift; the floor plane's depth decreases with y.
+  d, sem = nyud['depth'], nyud['semseg']
+  both_floor = (sem[:, :-1, :] == 1) & (sem[:, 1:, :] == 1)
+  assert both_floor.sum() > 1000
+  assert np.all(d[:, 1:, :][both_floor] < d[:, :-1, :][both_floor])
+  # Wall (0) and floor (1) exist in every room; the floor faces up (y = -1).
+  assert np.all(np.any(sem == 0, axis=(1, 2))) and np.all(np.any(sem == 1, axis=(1, 2)))
+  floor_n = nyud['normals'][sem == 1]
+  np.testing.assert_allclose(floor_n, np.broadcast_to([0., -1., 0.], floor_n.shape), atol=1e-6)
+
+
+def test_image_is_shaded_by_the_labels(pascal):
+  # The image is rendered from the labels: pixels of the same class under the
+  # same normal look alike, pixels of different classes do not (beyond noise).
+  img = pascal['image'].astype(np.float64)
+  sem = pascal['semseg']
+  per_class = [img[sem == c].mean(0) for c in range(1, 21) if np.sum(sem == c) > 200]
+  spread = np.std(per_class, axis=0).mean()
+  assert spread > 15.
+
+
+# ----------------------------------------------------------------------------
+# Determinism, splits, seeds, resolution, domains
+
+
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_deterministic_in_domain_split_seed(domain):
+  a = synthetic.generate(domain, 'train', 12, (32, 32), seed=3)
+  b = synthetic.generate(domain, 'train', 12, (32, 32), seed=3)
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  c = synthetic.generate(domain, 'train', 12, (32, 32), seed=4)
+  t = synthetic.generate(domain, 'test', 12, (32, 32), seed=3)
+  for other in (c, t):
+    assert not np.array_equal(a['image'], other['image'])
+    assert not np.array_equal(a['semseg'], other['semseg'])
+
+
+def test_train_and_test_images_are_distinct(pascal):
+  test = synthetic.generate('pascal', 'test', 50, RES, seed=0)
+  train_flat = pascal['image'].reshape(N, -1)
+  for img in test['image'].reshape(50, -1):
+    assert not np.any(np.all(train_flat == img, axis=1))
+
+
+@pytest.mark.parametrize('res', [(16, 16), (24, 40), (40, 24)])
+def test_resolution_is_configurable(res):
+  for domain in DOMAINS:
+    x = synthetic.generate(domain, 'test', 3, res, seed=0)
+    for k, v in x.items():
+      assert v.shape[1:3] == res, (domain, k)
+
+
+def test_domains_differ_in_statistics(pascal, nyud):
+  mean_p = pascal['image'].reshape(-1, 3).mean(0)
+  mean_n = nyud['image'].reshape(-1, 3).mean(0)
+  mean_p_test = synthetic.generate('pascal', 'test', 100, RES, seed=1)['image'].reshape(-1, 3).mean(0)
+  # Outdoor scenes are bluish (sky), indoor scenes warmer.
+  assert mean_p[2] > mean_p[0] and mean_n[0] > mean_n[2]
+  between = np.linalg.norm(mean_p - mean_n)
+  within = np.linalg.norm(mean_p - mean_p_test)
+  assert between > 5 * within and between > 15.
+  # Label spaces: PASCAL 21 classes dominated by background 0, NYUD up to 40
+  # classes with wall/floor the most common.
+  assert pascal['semseg'].max() <= 20 and nyud['semseg'].max() > 20
+  hist_n = np.bincount(nyud['semseg'].ravel(), minlength=40)
+  assert set(np.argsort(hist_n)[-2:]) == {0, 1}
+  assert np.bincount(pascal['semseg'].ravel()).argmax() == 0
+
+
+def test_unknown_domain_or_split_raises_config_error():
+  with pytest.raises(ConfigError, match="'pascal'"):
+    synthetic.generate('cityscapes', 'train', 2)
+  with pytest.raises(ConfigError, match="'test'"):
+    synthetic.generate('pascal', 'val', 2)
