@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags, logging
@@ -14,12 +15,18 @@ config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs
                                 lock_config=True)
 flags.DEFINE_string('workdir', None, 'Where metrics, results and checkpoints go; '
                     're-running with the same workdir resumes.')
+flags.DEFINE_string('xla_cache_dir', '~/.cache/fedjax_mtl/xla',
+                    'Persistent XLA compilation cache (re-runs skip compilation); '
+                    "'none' disables it. JAX_COMPILATION_CACHE_DIR takes precedence.")
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  import jax
+  if FLAGS.xla_cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(FLAGS.xla_cache_dir))
   from fedjax_mtl import train  # import after flags so --help stays fast
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)

@@ -58,3 +58,53 @@ def results_table(method: str, eval_rows: list[dict]) -> tuple[str, str]:
   w.writerow(['method'] + cols)
   w.writerow([method] + [r['value'] for r in eval_rows])
   return md, buf.getvalue()
+
+
+def plot_hyperweights(rows: list[dict], out_dir: str) -> list[str]:
+  """α per client and β per decoder and layer over rounds (as FedHCA2's Figs. 6-7).
+
+  Reads the aggregation rows of metrics.jsonl; writes `alpha.png` and
+  `beta.png` to `out_dir` when the rule logged them. Returns the written paths.
+  """
+  agg = [r for r in rows if r.get('type') == 'agg']
+  written = []
+  if not agg:
+    return written
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  rounds = [r['round'] for r in agg]
+  meta = next((r for r in rows if r.get('type') == 'meta'), {})
+  if 'alpha' in agg[0]:
+    alpha = [r['alpha'] for r in agg]
+    names = meta.get('clients') or [f'client {i}' for i in range(len(alpha[0]))]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, name in enumerate(names):
+      ax.plot(rounds, [a[i] for a in alpha], label=name)
+    ax.set_xlabel('round')
+    ax.set_ylabel('α (encoder aggregation weight)')
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = os.path.join(out_dir, 'alpha.png')
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+  if 'beta' in agg[0]:
+    beta = [r['beta'] for r in agg]
+    names = meta.get('decoders') or [f'decoder {k}' for k in range(len(beta[0]))]
+    layers = meta.get('decoder_layers') or [f'layer {l}' for l in range(len(beta[0][0]))]
+    fig, axes = plt.subplots(2, (len(layers) + 1) // 2, figsize=(12, 6), squeeze=False)
+    for l, name_l in enumerate(layers):
+      ax = axes.flat[l]
+      for k, name_k in enumerate(names):
+        ax.plot(rounds, [b[k][l] for b in beta], label=name_k)
+      ax.set_title(name_l, fontsize=8)
+      ax.set_xlabel('round')
+    axes.flat[0].set_ylabel('β (decoder aggregation weight)')
+    axes.flat[0].legend(fontsize=5)
+    fig.tight_layout()
+    path = os.path.join(out_dir, 'beta.png')
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+  return written

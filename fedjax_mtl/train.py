@@ -77,6 +77,7 @@ class Experiment:
   aggregator: aggregators.Aggregator
   round_fn: Any = None
   eval_fn: Any = None
+  round_traces: int = 0
 
   @property
   def client_sharding(self) -> NamedSharding:
@@ -235,6 +236,7 @@ def make_round_fn(exp: Experiment):
   shard = exp.client_sharding
 
   def round_fn(state, data):
+    exp.round_traces += 1  # Python side effect: runs once per trace, not per call
     r = state['round']
     rkey = jax.random.fold_in(state['rng'], r)
     trained, metrics = [], []
@@ -307,6 +309,13 @@ def _agg_rows(rnd: int, logs: dict) -> list[dict]:
            **{k: np.asarray(v).tolist() for k, v in logs.items()}}]
 
 
+def _meta_row(exp: Experiment) -> dict:
+  """Round-0 row naming the clients, decoders and decoder layers (for plots)."""
+  from fedjax_mtl.models.decoder import DECODER_LAYERS
+  return {'round': 0, 'type': 'meta', 'clients': [c.name for c in exp.fed.clients],
+          'decoders': list(exp.fed.decoder_names), 'decoder_layers': list(DECODER_LAYERS)}
+
+
 def _summary(rnd: int, total: int, dt: float, train_rows, eval_rows) -> str:
   loss = np.mean([r['loss'] for r in train_rows])
   line = f'round {rnd}/{total} {dt:6.2f}s | train loss {loss:.4f}'
@@ -351,8 +360,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     report.truncate_jsonl(metrics_path, start)
   else:
     state = init_state(exp)
-    if os.path.exists(metrics_path):
-      report.truncate_jsonl(metrics_path, 0)
+    # A fresh start: rows left by an attempt that never reached a checkpoint go.
+    report.atomic_write(metrics_path, '')
+    report.append_jsonl(metrics_path, [_meta_row(exp)])
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   train_data, test_data = device_data(exp)
   total = config.num_rounds
@@ -382,6 +392,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     ckpt.close()
   final = [r for r in report.read_jsonl(metrics_path) if r['type'] == 'eval'
            and r['round'] == total]
+  report.plot_hyperweights(report.read_jsonl(metrics_path), workdir)
   md, csv_text = report.results_table(config.algorithm, final)
   report.atomic_write(os.path.join(workdir, 'results.md'), md)
   report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)

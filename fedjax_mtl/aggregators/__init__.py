@@ -1,17 +1,21 @@
-"""Aggregation rules by name; each is `rule(info, config) -> Aggregator`."""
+"""Aggregation rules by name; each is `rule(info, config) -> Aggregator`.
+
+Modules stay importable under their own names, e.g.
+`fedjax_mtl.aggregators.hca2.conflict_averse`.
+"""
 
 from __future__ import annotations
 
 from typing import Callable
 
+from fedjax_mtl.aggregators import fedavg, hca2, local
 from fedjax_mtl.aggregators.base import AggInfo, AggInputs, Aggregator
-from fedjax_mtl.aggregators.fedavg import fedavg
-from fedjax_mtl.aggregators.local import local
 from fedjax_mtl.errors import check_choice
 
 RULES: dict[str, Callable[..., Aggregator]] = {
-    'local': local,
-    'fedavg': fedavg,
+    'local': local.local,
+    'fedavg': fedavg.fedavg,
+    'hca2': hca2.hca2,
 }
 
 

@@ -1,0 +1,199 @@
+"""Engine benchmarks: group-step throughput, round time, compile time, peak memory,
+and the vmapped group step against a Python loop over the same clients.
+
+    python scripts/bench.py                       # synthetic default config
+    python scripts/bench.py --variant=smoke --repeats=2
+    python scripts/bench.py --only=hca2           # FedHCA2 aggregation at paper scale
+
+All ratios compare measurements from one run in one process. Timings are taken
+after compilation, with `block_until_ready` only at the end of each timed call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import resource
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_mtl import local, train
+from fedjax_mtl.defaults import base_config
+
+
+def _timeit(fn, repeats):
+  """Best-of-`repeats` wall time of `fn()` (which must block on its result)."""
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def peak_memory_mb() -> float:
+  """Peak device memory where the backend reports it, else the process's max RSS."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if 'peak_bytes_in_use' in stats:
+    return stats['peak_bytes_in_use'] / 2**20
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _one_client_group(spec, j):
+  """The group restricted to its j-th client (same slots, same padded heads)."""
+  return dataclasses.replace(
+      spec, client_ids=(spec.client_ids[j],), num_pad=0, task_ids=spec.task_ids[j:j + 1],
+      index_table=spec.index_table[j:j + 1], counts=spec.counts[j:j + 1])
+
+
+def bench_engine(variant: str, repeats: int) -> dict:
+  cfg = base_config(variant, 'fedavg')
+  cfg.progress = False
+  exp = train.build(cfg)
+  state = train.init_state(exp)
+  train_data, _ = train.device_data(exp)
+  out = {'config': f'configs/fedavg.py:{variant}' if variant != 'default' else
+         'configs/fedavg.py', 'clients': exp.fed.num_clients}
+
+  # Whole round: compile, then wall time per round.
+  t0 = time.perf_counter()
+  compiled = exp.round_fn.lower(state, train_data).compile()
+  out['round_compile_s'] = time.perf_counter() - t0
+  holder = {'s': state}
+
+  def one_round():
+    holder['s'], m = compiled(holder['s'], train_data)
+    jax.block_until_ready(m)
+
+  one_round()
+  out['round_s'] = _timeit(one_round, repeats)
+
+  # Group step of the largest group: vmapped vs a Python loop over its clients.
+  g = max(range(len(exp.fed.groups)), key=lambda i: exp.fed.groups[i].num_real)
+  spec, model = exp.fed.groups[g], exp.models_train[g]
+  data = train_data[spec.dataset]['train']
+  gstate = holder['s']['groups'][g]
+  key = jax.random.PRNGKey(0)
+  rnd = jnp.int32(1)
+  vm = jax.jit(local.make_group_trainer(spec, model, exp.tx, cfg.optim, cfg.batch_size,
+                                        cfg.num_rounds))
+  t0 = time.perf_counter()
+  vm_c = vm.lower(gstate, data, rnd, key).compile()
+  out['group_step_compile_s'] = time.perf_counter() - t0
+  run_vm = lambda: jax.block_until_ready(vm_c(gstate, data, rnd, key))
+  run_vm()
+  out['group_vmap_s'] = _timeit(run_vm, repeats)
+
+  singles = []
+  for j in range(spec.num_real):
+    sub = _one_client_group(spec, j)
+    fn = jax.jit(local.make_group_trainer(sub, model, exp.tx, cfg.optim, cfg.batch_size,
+                                          cfg.num_rounds))
+    sub_state = jax.tree.map(lambda x, j=j: x[j:j + 1], gstate)
+    singles.append((fn, sub_state))
+
+  def run_loop():
+    res = [fn(s, data, rnd, key) for fn, s in singles]
+    jax.block_until_ready(res)
+
+  run_loop()
+  out['group_loop_s'] = _timeit(run_loop, repeats)
+  out['vmap_speedup'] = out['group_loop_s'] / out['group_vmap_s']
+  images = int(spec.local_epochs * (spec.counts[:spec.num_real] // cfg.batch_size).sum()
+               * cfg.batch_size)
+  out['group'] = f'{spec.dataset} ({spec.num_real} clients, {images} images/round)'
+  out['group_images_per_s'] = images / out['group_vmap_s']
+  out['peak_memory_mb'] = peak_memory_mb()
+  return out
+
+
+def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) -> dict:
+  """One full FedHCA2 aggregation at the paper's scale, after compilation.
+
+  N Swin-T encoders (27.5M parameters each) and K FedHCA2 decoders for Swin-T
+  features (175,776 parameters each), random updates; times the jitted rule
+  (hypergradient step + conflict-averse encoders + cross-attention decoders)
+  from the second round on, all on device.
+  """
+  from fedjax_mtl.aggregators import AggInfo, AggInputs, get_aggregator
+  from fedjax_mtl.models import get_encoder
+  from fedjax_mtl.models.decoder import Decoder
+  import ml_collections
+  from fedjax_mtl.aggregators.hca2 import default_config
+
+  enc_model = get_encoder('swin_t')
+  enc_shapes = jax.eval_shape(lambda: enc_model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3))))['params']
+  feats = [jnp.zeros((1, 56 // 2**i, 56 // 2**i, 96 * 2**i)) for i in range(4)]
+  dec_shapes = jax.eval_shape(
+      lambda: Decoder(96, train=True).init(jax.random.PRNGKey(0), feats))['params']
+  n_enc = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(enc_shapes))
+  n_dec = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(dec_shapes))
+
+  def stacked(shapes, lead, key, scale):
+    leaves, tdef = jax.tree.flatten(shapes)
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree.unflatten(tdef, [
+        scale * jax.random.normal(k, (lead,) + s.shape, jnp.float32)
+        for k, s in zip(keys, leaves)])
+
+  make = jax.jit(lambda k: (stacked(enc_shapes, num_clients, k, 1e-2),
+                            stacked(dec_shapes, num_decoders, k, 1e-2)))
+  enc_prev, dec_prev = make(jax.random.PRNGKey(0))
+  d_enc, d_dec = make(jax.random.PRNGKey(1))
+  d_enc = jax.tree.map(lambda d: d * 1e-3, d_enc)
+  d_dec = jax.tree.map(lambda d: d * 1e-3, d_dec)
+  add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+  enc_local, dec_local = add(enc_prev, d_enc), add(dec_prev, d_dec)
+  info = AggInfo(num_clients=num_clients, num_decoders=num_decoders,
+                 decoder_client=tuple(range(num_decoders)),
+                 decoder_names=tuple(map(str, range(num_decoders))),
+                 client_names=tuple(map(str, range(num_clients))),
+                 homo_groups=tuple(range(num_clients)))
+  cfg = ml_collections.ConfigDict({'hca2': default_config()})
+  rule = get_aggregator('hca2', info, cfg)
+  state = jax.jit(rule.init)(enc_prev, dec_prev)
+  inputs = AggInputs(enc_prev, enc_local, dec_prev, dec_local, jnp.int32(1))
+  apply = jax.jit(rule.apply)
+  t0 = time.perf_counter()
+  compiled = apply.lower(state, inputs).compile()
+  compile_s = time.perf_counter() - t0
+  run = lambda: jax.block_until_ready(compiled(state, inputs))
+  run()
+  return {'num_clients': num_clients, 'encoder_params': n_enc,
+          'num_decoders': num_decoders, 'decoder_params': n_dec,
+          'compile_s': compile_s, 'aggregate_s': _timeit(run, repeats),
+          'peak_memory_mb': peak_memory_mb()}
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--variant', default='default', help="config variant: default|smoke|paper")
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--only', default='all', choices=['engine', 'hca2', 'all'])
+  p.add_argument('--json', default='', help='also write the results to this file')
+  a = p.parse_args(argv)
+  dev = jax.devices()[0]
+  results = {'device': f'{dev.platform}:{dev.device_kind}', 'num_devices': jax.device_count(),
+             'jax': jax.__version__, 'python': platform.python_version()}
+  if a.only in ('engine', 'all'):
+    results['engine'] = bench_engine(a.variant, a.repeats)
+  if a.only in ('hca2', 'all'):
+    results['hca2'] = bench_hca2(repeats=a.repeats)
+  for part in ('engine', 'hca2'):
+    for k, v in results.get(part, {}).items():
+      print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
+  if a.json:
+    with open(a.json, 'w') as f:
+      json.dump(results, f, indent=2)
+  return results
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])

@@ -1,0 +1,107 @@
+"""The command line: a smoke run with progress output, and bad input.
+
+Bad input must give one `error: ...` line naming the problem and the valid
+choices, a non-zero exit code, and leave an existing workdir untouched.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from conftest import tiny_config
+from fedjax_mtl import train
+from fedjax_mtl.checkpoint import Checkpointer
+from fedjax_mtl.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(*args, workdir):
+  return subprocess.run(
+      [sys.executable, '-m', 'fedjax_mtl.main', *args, f'--workdir={workdir}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def snapshot(d):
+  """{relative path: bytes} of every file under d."""
+  out = {}
+  for root, _, files in os.walk(d):
+    for f in files:
+      p = os.path.join(root, f)
+      out[os.path.relpath(p, d)] = open(p, 'rb').read()
+  return out
+
+
+def test_smoke_run_prints_progress_and_summaries(tmp_path):
+  wd = tmp_path / 'wd'
+  r = run_main('--config=configs/local.py:smoke', workdir=wd)
+  assert r.returncode == 0, r.stderr[-2000:]
+  # tqdm bar on stderr: algorithm, clients, steps per round, rate / ETA.
+  assert 'local 5 clients' in r.stderr and 'steps/round' in r.stderr and '<' in r.stderr
+  lines = [l for l in r.stdout.splitlines() if l.startswith('round ')]
+  assert [l.split()[1] for l in lines] == ['1/3', '2/3', '3/3']
+  assert 'train loss' in lines[0] and 'eval' in lines[1] and 'mIoU' in lines[1]
+  for f in ('config.json', 'metrics.jsonl', 'results.md', 'results.csv'):
+    assert (wd / f).exists()
+  # Re-running the finished run resumes from its last checkpoint: no round is redone.
+  before = (wd / 'metrics.jsonl').read_text()
+  r2 = run_main('--config=configs/local.py:smoke', workdir=wd)
+  assert r2.returncode == 0 and not [l for l in r2.stdout.splitlines() if l.startswith('round ')]
+  assert (wd / 'metrics.jsonl').read_text() == before
+
+
+@pytest.mark.parametrize('override, expected', [
+    ('--config.algorithm=fedfoo', "unknown algorithm 'fedfoo'; valid choices: 'local', 'fedavg', 'hca2'"),
+    ('--config.scenario=nowhere', "unknown scenario 'nowhere'; valid choices: 'pascal_st_nyud_mt_1c'"),
+    ('--config.model.encoder=resnet9', "unknown model 'resnet9'; valid choices: 'conv_micro'"),
+    ('--config.tasks=semseg,colour', "unknown task 'colour' in config.tasks; valid choices:"),
+])
+def test_unknown_names_give_one_error_line(tmp_path, override, expected):
+  wd = tmp_path / 'wd'
+  wd.mkdir()
+  (wd / 'notes.txt').write_text('keep me')
+  r = run_main('--config=configs/fedavg.py:smoke', override, workdir=wd)
+  assert r.returncode == 2
+  errors = [l for l in r.stderr.splitlines() if l.startswith('error:')]
+  assert len(errors) == 1 and expected in errors[0], r.stderr[-2000:]
+  assert snapshot(wd) == {'notes.txt': b'keep me'}
+
+
+def test_impossible_split_and_missing_data_dir(tmp_path):
+  with pytest.raises(ConfigError, match=r'impossible split: 4 ST clients on .pascal. but only 3'):
+    train.train_and_evaluate(tiny_config(**{'data.num_train': {'pascal': 3, 'nyud': 16}}),
+                             str(tmp_path / 'a'))
+  with pytest.raises(ConfigError, match=r'data dir .*/missing. does not exist'):
+    train.train_and_evaluate(
+        tiny_config(**{'data.source': 'real', 'data.data_dir': str(tmp_path / 'missing')}),
+        str(tmp_path / 'b'))
+  assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()
+
+
+def test_mismatched_workdir_and_checkpoint_are_refused_without_loss(tmp_path):
+  cfg = tiny_config()
+  wd = str(tmp_path / 'wd')
+  exp = train.build(cfg)
+  ckpt = Checkpointer(os.path.join(wd, 'checkpoints'))
+  ckpt.save(1, train.init_state(exp))
+  ckpt.close()
+  with open(os.path.join(wd, 'config.json'), 'w') as f:
+    f.write(cfg.to_json_best_effort(indent=2))
+  with open(os.path.join(wd, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'round': 1, 'type': 'train'}) + '\n')
+  before = snapshot(wd)
+  other = tiny_config(**{'model.kwargs': {'embed_dim': 8}})
+  with pytest.raises(ConfigError, match=r'holds a run with a different config \(fields: model\)'):
+    train.train_and_evaluate(other, wd)
+  assert snapshot(wd) == before
+  # Without the saved config, the checkpoint itself is checked against the model.
+  os.remove(os.path.join(wd, 'config.json'))
+  before = snapshot(wd)
+  with pytest.raises(ConfigError, match=r'checkpoint .* does not match the config'):
+    train.train_and_evaluate(other, wd)
+  assert snapshot(wd) == before
