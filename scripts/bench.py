@@ -129,7 +129,7 @@ def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) ->
 
   enc_model = get_encoder('swin_t')
   enc_shapes = jax.eval_shape(lambda: enc_model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3))))['params']
+      jax.random.PRNGKey(0), jnp.zeros((1, 224, 224, 3)), train=False))['params']
   feats = [jnp.zeros((1, 56 // 2**i, 56 // 2**i, 96 * 2**i)) for i in range(4)]
   dec_shapes = jax.eval_shape(
       lambda: Decoder(96, train=True).init(jax.random.PRNGKey(0), feats))['params']
