@@ -1,0 +1,41 @@
+"""README commands, CI script and the benchmark script."""
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+
+
+def _readme_commands():
+  text = open(os.path.join(ROOT, 'README.md')).read()
+  return re.findall(r'```bash\n(.*?)\n```', text, re.S)
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+  cmds = _readme_commands()
+  test_cmd = [c for c in cmds if 'pytest' in c]
+  assert len(test_cmd) == 1
+  ci = open(os.path.join(ROOT, '.ci', 'run')).read().strip().splitlines()
+  assert ci[-1] == test_cmd[0]
+  assert os.access(os.path.join(ROOT, '.ci', 'run'), os.X_OK)
+
+
+def test_readme_main_command_names_an_existing_config():
+  run = [c for c in _readme_commands() if 'fedjax_mtl.main' in c][0]
+  cfg = re.search(r'--config=(\S+)', run).group(1)
+  assert os.path.exists(os.path.join(ROOT, cfg)) and 'pip install -e .' in run
+  r = subprocess.run([sys.executable, '-m', 'fedjax_mtl.main', '--help'], cwd=ROOT,
+                     capture_output=True, text=True)
+  assert '--workdir' in r.stdout and '--config' in r.stdout  # absl exits 1 after --help
+
+
+def test_bench_engine_reports_every_figure():
+  import bench
+  out = bench.bench_engine('smoke', repeats=1)
+  for k in ('round_compile_s', 'round_s', 'group_vmap_s', 'group_loop_s', 'vmap_speedup',
+            'group_images_per_s', 'peak_memory_mb'):
+    assert out[k] > 0, k
+  assert out['vmap_speedup'] == out['group_loop_s'] / out['group_vmap_s']
