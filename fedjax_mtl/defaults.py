@@ -76,6 +76,7 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collect
   c.eval_batch_size = 20
   c.num_rounds = 8
   c.eval_every = 4
+  c.eval_edge_ods = True  # edge odsF (host-side matching); False: edge BCE test loss
   c.checkpoint_every = 1
   c.num_devices = 0  # 0: all visible devices
   c.progress = True

@@ -86,3 +86,53 @@ def finalize_group(group: GroupSpec, stats, clients) -> list[dict]:
       rows.append({'client': clients[cid].name, 'dataset': group.dataset, 'task': task,
                    'metric': metric, 'value': dense.finalize(task, st)})
   return rows
+
+
+def make_edge_predictor(group: GroupSpec, model_eval) -> Callable | None:
+  """`predict(params, batch_stats, images) -> [n_clients, B, H, W]` edge probabilities.
+
+  Each client's edge map comes from the slot where it holds 'edge' (zeros for
+  clients without edge). None if no client of the group has the edge task.
+  """
+  info = tasks_lib.DATASETS[group.dataset]
+  if 'edge' not in group.tasks_used:
+    return None
+  edge_id = info.task_id('edge')
+  task_ids = jnp.asarray(group.task_ids)
+
+  def client(params, batch_stats, tids, images):
+    outs = model_eval.apply({'params': params, 'batch_stats': batch_stats},
+                            normalize_image(images))
+    prob = jnp.zeros(outs[0].shape[:3], jnp.float32)
+    for s, out in enumerate(outs):
+      if 'edge' in group.slot_tasks[s]:
+        prob = jnp.where(tids[s] == edge_id, jax.nn.sigmoid(out[..., 0]), prob)
+    return prob
+
+  batched = jax.vmap(client, (0, 0, 0, None))
+  return lambda params, batch_stats, images: batched(params, batch_stats, task_ids, images)
+
+
+def edge_ods_rows(group: GroupSpec, predict: Callable, gstate, test_split: dict,
+                  batch_size: int, clients) -> list[dict]:
+  """odsF rows (×100) of the group's edge clients over the whole test split.
+
+  Predictions are fetched batch by batch and scored on the host with the
+  SEISM-equivalent pipeline in `metrics.edge` (NMS, thinning, one-to-one
+  matching within maxDist, counts pooled over the split).
+  """
+  from fedjax_mtl.metrics.edge import EdgeODSAccumulator
+  info = tasks_lib.DATASETS[group.dataset]
+  edge_id = info.task_id('edge')
+  holders = [j for j in range(group.num_real) if edge_id in group.task_ids[j]]
+  accs = {j: EdgeODSAccumulator(max_dist=info.edge_max_dist) for j in holders}
+  images, gts = test_split['image'], test_split['edge']
+  for lo in range(0, len(images), batch_size):
+    probs = np.asarray(jax.device_get(predict(gstate['params'], gstate['batch_stats'],
+                                              images[lo:lo + batch_size])))
+    gt = np.asarray(gts[lo:lo + batch_size])
+    for j in holders:
+      accs[j].update(probs[j], gt, valid_mask=gt != tasks_lib.IGNORE)
+  return [{'client': clients[group.client_ids[j]].name, 'dataset': group.dataset,
+           'task': 'edge', 'metric': 'odsF', 'value': 100. * accs[j].finalize()['odsF']}
+          for j in holders]

@@ -41,7 +41,8 @@ def truncate_jsonl(path: str, max_round: int) -> None:
 
 
 def column_name(row: dict) -> str:
-  arrow = '↓' if row['task'] in LOWER_IS_BETTER else '↑'
+  lower = row['task'] in LOWER_IS_BETTER or row['metric'] == 'loss'
+  arrow = '↓' if lower else '↑'
   return f"{row['client']}/{row['task']} {row['metric']}{arrow}"
 
 
@@ -108,3 +109,37 @@ def plot_hyperweights(rows: list[dict], out_dir: str) -> list[str]:
     plt.close(fig)
     written.append(path)
   return written
+
+
+def plot_metric_curves(rows: list[dict], out_dir: str) -> str | None:
+  """`curves.png`: per client task, the train loss and the test metric over rounds."""
+  train = [r for r in rows if r.get('type') == 'train']
+  evals = [r for r in rows if r.get('type') == 'eval']
+  if not train:
+    return None
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  keys = list(dict.fromkeys((r['client'], r['task']) for r in train))
+  cols = min(len(keys), 5)
+  nrows = -(-len(keys) // cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.6 * nrows), squeeze=False)
+  for ax, (client, task) in zip(axes.flat, keys):
+    tr = [(r['round'], r['loss']) for r in train if (r['client'], r['task']) == (client, task)]
+    ax.plot(*zip(*tr), color='tab:blue', label='train loss')
+    ax.set_title(f'{client}\n{task}', fontsize=7)
+    ax.set_xlabel('round', fontsize=7)
+    ev = [(r['round'], r['value'], r['metric']) for r in evals
+          if (r['client'], r['task']) == (client, task)]
+    if ev:
+      ax2 = ax.twinx()
+      ax2.plot([e[0] for e in ev], [e[1] for e in ev], 'o-', color='tab:red',
+               label=f'test {ev[0][2]}')
+      ax2.set_ylabel(f'test {ev[0][2]}', fontsize=7, color='tab:red')
+  for ax in list(axes.flat)[len(keys):]:
+    ax.axis('off')
+  fig.tight_layout()
+  path = os.path.join(out_dir, 'curves.png')
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

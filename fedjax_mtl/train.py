@@ -34,7 +34,7 @@ from fedjax_mtl.models.multitask import MultiTaskNet
 PyTree = Any
 DATA_SOURCES = ('synthetic', 'real')
 # Config fields that may change between a run and its resumption.
-RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress')
+RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'eval_edge_ods')
 
 
 @functools.lru_cache(maxsize=8)
@@ -78,6 +78,7 @@ class Experiment:
   round_fn: Any = None
   eval_fn: Any = None
   round_traces: int = 0
+  edge_predictors: list = dataclasses.field(default_factory=list)
 
   @property
   def client_sharding(self) -> NamedSharding:
@@ -138,6 +139,10 @@ def _build(config) -> Experiment:
                    tx=local.make_optimizer(config.optim), aggregator=agg)
   exp.round_fn = make_round_fn(exp)
   exp.eval_fn = make_eval_fn(exp)
+  exp.edge_predictors = [
+      None if p is None else jax.jit(p)
+      for p in (evaluate.make_edge_predictor(g, m)
+                for g, m in zip(exp.fed.groups, exp.models_eval))]
   return exp
 
 
@@ -286,8 +291,17 @@ def run_eval(exp: Experiment, state, test_data) -> list[dict]:
   """Metrics rows (client, task, metric, value) of the current personalised models."""
   stats = jax.device_get(exp.eval_fn(state['groups'], test_data))
   rows = []
-  for spec, st in zip(exp.fed.groups, stats):
-    rows += evaluate.finalize_group(spec, st, exp.fed.clients)
+  for g, (spec, st) in enumerate(zip(exp.fed.groups, stats)):
+    group_rows = evaluate.finalize_group(spec, st, exp.fed.clients)
+    if exp.config.get('eval_edge_ods', True) and exp.edge_predictors[g] is not None:
+      # Edge: the test loss is replaced by odsF (host-side matching, per batch).
+      ods = evaluate.edge_ods_rows(spec, exp.edge_predictors[g], state['groups'][g],
+                                   exp.data[spec.dataset]['test'],
+                                   exp.config.eval_batch_size, exp.fed.clients)
+      by_client = {r['client']: r for r in ods}
+      group_rows = [by_client.get(r['client'], r) if r['task'] == 'edge' else r
+                    for r in group_rows]
+    rows += group_rows
   return rows
 
 
@@ -392,7 +406,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     ckpt.close()
   final = [r for r in report.read_jsonl(metrics_path) if r['type'] == 'eval'
            and r['round'] == total]
-  report.plot_hyperweights(report.read_jsonl(metrics_path), workdir)
+  all_rows = report.read_jsonl(metrics_path)
+  report.plot_metric_curves(all_rows, workdir)
+  report.plot_hyperweights(all_rows, workdir)
   md, csv_text = report.results_table(config.algorithm, final)
   report.atomic_write(os.path.join(workdir, 'results.md'), md)
   report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)

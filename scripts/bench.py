@@ -4,6 +4,7 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py                       # synthetic default config
     python scripts/bench.py --variant=smoke --repeats=2
     python scripts/bench.py --only=hca2           # FedHCA2 aggregation at paper scale
+    python scripts/bench.py --only=swin           # Swin-T local step, 128 and 224, batch 8
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -172,11 +173,50 @@ def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) ->
           'peak_memory_mb': peak_memory_mb()}
 
 
+def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
+                    encoder: str = 'swin_t') -> dict:
+  """Local training step (forward + backward + AdamW) of `encoder` + one decoder/head."""
+  import optax
+  from fedjax_mtl.models import get_encoder
+  from fedjax_mtl.models.multitask import MultiTaskNet
+  model = MultiTaskNet(get_encoder(encoder), (21,), train=True)
+  x = jnp.zeros((batch, resolution, resolution, 3), jnp.float32)
+  y = jnp.zeros((batch, resolution, resolution), jnp.int32)
+  variables = jax.jit(lambda k: model.init({'params': k, 'dropout': k}, x[:1]))(
+      jax.random.PRNGKey(0))
+  tx = optax.adamw(1e-4)
+  opt = tx.init(variables['params'])
+
+  def step(params, bs, opt, x, y, key):
+    def loss_fn(p):
+      out, st = model.apply({'params': p, 'batch_stats': bs}, x, rngs={'dropout': key},
+                            mutable=['batch_stats'])
+      return optax.softmax_cross_entropy_with_integer_labels(out[0], y).mean(), st
+    (loss, st), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    upd, opt = tx.update(g, opt, params)
+    return optax.apply_updates(params, upd), st['batch_stats'], opt, loss
+
+  f = jax.jit(step, donate_argnums=(0, 1, 2))
+  args = [variables['params'], variables['batch_stats'], opt]
+  t0 = time.perf_counter()
+  c = f.lower(*args, x, y, jax.random.PRNGKey(1)).compile()
+  compile_s = time.perf_counter() - t0
+
+  def run():
+    args[0], args[1], args[2], loss = c(*args, x, y, jax.random.PRNGKey(1))
+    jax.block_until_ready(loss)
+
+  run()
+  dt = _timeit(run, repeats)
+  return {'resolution': resolution, 'batch': batch, 'compile_s': compile_s, 'step_s': dt,
+          'images_per_s': batch / dt}
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--variant', default='default', help="config variant: default|smoke|paper")
   p.add_argument('--repeats', type=int, default=3)
-  p.add_argument('--only', default='all', choices=['engine', 'hca2', 'all'])
+  p.add_argument('--only', default='all', choices=['engine', 'hca2', 'swin', 'all'])
   p.add_argument('--json', default='', help='also write the results to this file')
   a = p.parse_args(argv)
   dev = jax.devices()[0]
@@ -186,7 +226,10 @@ def main(argv=None):
     results['engine'] = bench_engine(a.variant, a.repeats)
   if a.only in ('hca2', 'all'):
     results['hca2'] = bench_hca2(repeats=a.repeats)
-  for part in ('engine', 'hca2'):
+  if a.only in ('swin', 'all'):
+    for res in (128, 224):
+      results[f'swin_t_{res}'] = bench_swin_step(res, repeats=a.repeats)
+  for part in ('engine', 'hca2', 'swin_t_128', 'swin_t_224'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:
