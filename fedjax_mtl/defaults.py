@@ -78,6 +78,7 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collect
   c.eval_every = 4
   c.eval_edge_ods = True  # edge odsF (host-side matching); False: edge BCE test loss
   c.checkpoint_every = 1
+  c.delta_m_reference = ''  # workdir of a Local run: results tables get Δm against it
   c.num_devices = 0  # 0: all visible devices
   c.progress = True
 

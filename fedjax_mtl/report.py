@@ -41,23 +41,50 @@ def truncate_jsonl(path: str, max_round: int) -> None:
 
 
 def column_name(row: dict) -> str:
-  lower = row['task'] in LOWER_IS_BETTER or row['metric'] == 'loss'
-  arrow = '↓' if lower else '↑'
+  arrow = '↓' if _lower(row) else '↑'
   return f"{row['client']}/{row['task']} {row['metric']}{arrow}"
 
 
-def results_table(method: str, eval_rows: list[dict]) -> tuple[str, str]:
-  """One-row-per-method table (markdown, CSV): one column per client task."""
+def final_eval_rows(path: str) -> list[dict]:
+  """Eval rows of the last evaluated round in a metrics.jsonl."""
+  rows = [r for r in read_jsonl(path) if r.get('type') == 'eval']
+  if not rows:
+    return []
+  last = max(r['round'] for r in rows)
+  return [r for r in rows if r['round'] == last]
+
+
+def _lower(row: dict) -> bool:
+  return row['task'] in LOWER_IS_BETTER or row['metric'] == 'loss'
+
+
+def results_table(method: str, eval_rows: list[dict],
+                  reference_rows: list[dict] | None = None) -> tuple[str, str]:
+  """One-row table (markdown, CSV): one column per client task, Δm last.
+
+  Δm (%) is relative to `reference_rows` (the Local run's final eval rows);
+  0 for the `local` method itself, empty when no reference is given.
+  """
+  from fedjax_mtl.metrics.delta_m import delta_m
   cols = [column_name(r) for r in eval_rows]
   vals = [f"{r['value']:.4f}" if r['task'] == 'depth' else f"{r['value']:.2f}"
           for r in eval_rows]
-  md = ('| method | ' + ' | '.join(cols) + ' |\n'
-        + '|---' * (len(cols) + 1) + '|\n'
-        + f'| {method} | ' + ' | '.join(vals) + ' |\n')
+  dm = ''
+  if method == 'local':
+    dm = 0.0
+  elif reference_rows:
+    mine = {column_name(r): r['value'] for r in eval_rows}
+    ref = {column_name(r): r['value'] for r in reference_rows}
+    lower = {column_name(r): _lower(r) for r in eval_rows}
+    dm = delta_m(mine, ref, lower_is_better=lower)
+  dm_text = f'{dm:.2f}' if dm != '' else '–'
+  md = ('| method | ' + ' | '.join(cols) + ' | Δm (%)↑ |\n'
+        + '|---' * (len(cols) + 2) + '|\n'
+        + f'| {method} | ' + ' | '.join(vals) + f' | {dm_text} |\n')
   buf = io.StringIO()
   w = csv.writer(buf)
-  w.writerow(['method'] + cols)
-  w.writerow([method] + [r['value'] for r in eval_rows])
+  w.writerow(['method'] + cols + ['delta_m'])
+  w.writerow([method] + [r['value'] for r in eval_rows] + [dm])
   return md, buf.getvalue()
 
 

@@ -34,7 +34,8 @@ from fedjax_mtl.models.multitask import MultiTaskNet
 PyTree = Any
 DATA_SOURCES = ('synthetic', 'real')
 # Config fields that may change between a run and its resumption.
-RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'eval_edge_ods')
+RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'eval_edge_ods',
+                    'delta_m_reference')
 
 
 @functools.lru_cache(maxsize=8)
@@ -409,7 +410,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   all_rows = report.read_jsonl(metrics_path)
   report.plot_metric_curves(all_rows, workdir)
   report.plot_hyperweights(all_rows, workdir)
-  md, csv_text = report.results_table(config.algorithm, final)
+  ref_dir = config.get('delta_m_reference', '')
+  ref = report.final_eval_rows(os.path.join(ref_dir, 'metrics.jsonl')) if ref_dir else None
+  md, csv_text = report.results_table(config.algorithm, final, ref)
   report.atomic_write(os.path.join(workdir, 'results.md'), md)
   report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
   return {'state': state, 'eval': final, 'interrupted': False}

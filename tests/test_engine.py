@@ -199,7 +199,7 @@ def test_workdir_outputs(fedavg_run):
   md = open(os.path.join(wd, 'results.md')).read()
   csv = open(os.path.join(wd, 'results.csv')).read().splitlines()
   assert md.startswith('| method |') and 'nyud_mt_mt_0/depth RMSE' in md
-  assert len(csv) == 2 and csv[1].startswith('fedavg,') and len(csv[1].split(',')) == 8
+  assert len(csv) == 2 and csv[1].startswith('fedavg,') and len(csv[1].split(',')) == 9 and csv[0].endswith(',delta_m')
   assert out['eval'] == [r for r in eval_rows if r['round'] == 3]
   assert os.path.getsize(os.path.join(wd, 'curves.png')) > 5000
 
