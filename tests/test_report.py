@@ -41,3 +41,40 @@ def test_plots_written_from_metrics_rows(tmp_path):
   written = report.plot_hyperweights(rows, str(tmp_path))
   assert [os.path.basename(p) for p in written] == ['alpha.png', 'beta.png']
   assert all(os.path.getsize(p) > 1000 for p in written)
+
+
+def test_compare_reads_finished_runs_and_writes_delta_m_over_seeds(tmp_path):
+  import json
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
+  import compare
+  values = {'local': [[40., 20., 50., 0.5], [42., 21., 52., 0.5]],
+            'fedavg': [[44., 18., 45., 0.6], [40., 22., 50., 0.4]]}
+  for name, per_seed in values.items():
+    for seed, vals in enumerate(per_seed):
+      wd = tmp_path / name / f'seed{seed}'
+      wd.mkdir(parents=True)
+      (wd / 'results.csv').write_text('done\n')  # marks a finished run: not redone
+      rows = [{'round': 8, 'type': 'eval', **r} for r in _rows(vals)]
+      (wd / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  compare.main(['--out', str(tmp_path), '--seeds', '0,1',
+                '--run', 'local=configs/local.py', '--run', 'fedavg=configs/fedavg.py'])
+  lines = (tmp_path / 'comparison.csv').read_text().splitlines()
+  dms = [report.results_table('fedavg', _rows(f), _rows(l))[1].splitlines()[1].split(',')[-1]
+         for f, l in zip(values['fedavg'], values['local'])]
+  np.testing.assert_allclose(float(lines[2].split(',')[-1]), np.mean([float(d) for d in dms]),
+                             rtol=1e-9)
+  md = (tmp_path / 'comparison.md').read_text()
+  assert '| local |' in md and ' ± ' in md and md.splitlines()[0].endswith('Δm (%) ↑ |')
+
+
+def test_compare_config_overrides():
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
+  import compare
+  root = os.path.dirname(os.path.dirname(__file__))
+  cfg = compare.load_config(os.path.join(root, 'configs/hca2.py') + ':smoke '
+                            'hca2.decoder_agg=none hca2.ca_c=0.2 num_rounds=5 hca2.homo=false')
+  assert (cfg.hca2.decoder_agg, cfg.hca2.ca_c, cfg.num_rounds, cfg.hca2.homo) == (
+      'none', 0.2, 5, False)
+  assert cfg.data.resolution['pascal'] == (32, 32)
