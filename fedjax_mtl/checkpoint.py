@@ -45,9 +45,3 @@ class Checkpointer:
     self._mngr.wait_until_finished()
     self._mngr.close()
 
-
-def abstract_like(state: PyTree) -> PyTree:
-  """ShapeDtypeStructs (with shardings) describing `state`, for restore."""
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)),
-      state)

@@ -82,12 +82,8 @@ class Federation:
   @property
   def homo_groups(self) -> tuple[int, ...]:
     """Ids of runs of consecutive clients with the same dataset and task list."""
-    ids, prev = [], None
-    for c in self.clients:
-      key = (c.dataset, c.tasks)
-      ids.append(ids[-1] + (key != prev) if ids else 0)
-      prev = key
-    return tuple(ids)
+    from fedjax_mtl.aggregators.hca2_math import consecutive_group_ids
+    return consecutive_group_ids([(c.dataset, c.tasks) for c in self.clients])
 
 
 def build_federation(clients: Sequence[ClientSpec], num_devices: int = 1) -> Federation:

@@ -54,8 +54,13 @@ def final_eval_rows(path: str) -> list[dict]:
   return [r for r in rows if r['round'] == last]
 
 
+def lower_is_better(task: str, metric: str) -> bool:
+  """Direction of a logged metric: errors and losses go down, the rest up."""
+  return task in LOWER_IS_BETTER or metric == 'loss'
+
+
 def _lower(row: dict) -> bool:
-  return row['task'] in LOWER_IS_BETTER or row['metric'] == 'loss'
+  return lower_is_better(row['task'], row['metric'])
 
 
 def results_table(method: str, eval_rows: list[dict],

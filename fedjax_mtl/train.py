@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from fedjax_mtl import aggregators, evaluate, federation, local, report, scenarios
 from fedjax_mtl import tasks as tasks_lib
-from fedjax_mtl.checkpoint import Checkpointer, abstract_like
+from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.data import synthetic
 from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.models import get_encoder
@@ -93,6 +93,12 @@ class Experiment:
 _BUILT: dict[str, Experiment] = {}
 
 
+def _run_fields(config) -> dict:
+  """The config as a dict, without the fields a run may change when resumed."""
+  return {k: v for k, v in json.loads(config.to_json_best_effort()).items()
+          if k not in RESUMABLE_FIELDS}
+
+
 def build(config) -> Experiment:
   """Validate the config and build the (static) experiment; writes nothing.
 
@@ -100,8 +106,7 @@ def build(config) -> Experiment:
   running the same config again in one process (a notebook, a resumed run)
   reuses its compiled functions.
   """
-  key = json.dumps({k: v for k, v in json.loads(config.to_json_best_effort()).items()
-                    if k not in RESUMABLE_FIELDS}, sort_keys=True)
+  key = json.dumps(_run_fields(config), sort_keys=True)
   if key not in _BUILT:
     _BUILT.clear()  # keep at most one experiment's buffers alive
     _BUILT[key] = _build(config)

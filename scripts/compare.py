@@ -27,9 +27,6 @@ import numpy as np
 from fedjax_mtl import report
 from fedjax_mtl.metrics.delta_m import delta_m
 
-LOWER_METRICS = ('mErr', 'RMSE', 'loss')
-
-
 def load_config(spec: str):
   """`configs/x.py[:arg] field=value ...` -> ConfigDict."""
   path, *overrides = spec.split()
@@ -56,21 +53,23 @@ def load_config(spec: str):
 
 def final_metrics(workdir: str) -> dict[str, float]:
   """{'client/task metric': value} of the last evaluated round of a run."""
-  rows = [r for r in report.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
-          if r['type'] == 'eval']
-  last = max(r['round'] for r in rows)
-  return {f"{r['client']}/{r['task']} {r['metric']}": r['value']
-          for r in rows if r['round'] == last}
+  rows = report.final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
+  return {f"{r['client']}/{r['task']} {r['metric']}": r['value'] for r in rows}
+
+
+def _lower(key: str) -> bool:
+  """Direction of a 'client/task metric' column."""
+  client_task, metric = key.rsplit(' ', 1)
+  return report.lower_is_better(client_task.rsplit('/', 1)[-1], metric)
 
 
 def comparison_table(results: dict[str, list[dict[str, float]]],
                      reference: str) -> tuple[str, str]:
   """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm last."""
   cols = list(next(iter(results.values()))[0])
-  lower = lambda key: key.rsplit(' ', 1)[-1] in LOWER_METRICS
   ref_runs = results.get(reference)
   md = io.StringIO()
-  arrows = [c + ('↓' if lower(c) else '↑') for c in cols]
+  arrows = [c + ('↓' if _lower(c) else '↑') for c in cols]
   md.write('| method | ' + ' | '.join(arrows) + ' | Δm (%) ↑ |\n')
   md.write('|---' * (len(cols) + 2) + '|\n')
   buf = io.StringIO()
@@ -85,7 +84,7 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
     per_col = [[r[c] for r in runs] for c in cols]
     if ref_runs is not None:
       # Δm per seed against the reference run of the same seed.
-      dms = [delta_m(r, ref, lower_is_better=lower) for r, ref in zip(runs, ref_runs)]
+      dms = [delta_m(r, ref, lower_is_better=_lower) for r, ref in zip(runs, ref_runs)]
     else:
       dms = [float('nan')]
     md.write(f'| {name} | ' + ' | '.join(fmt(v) for v in per_col) + f' | {fmt(dms)} |\n')

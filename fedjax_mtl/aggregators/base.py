@@ -45,7 +45,15 @@ class Aggregator(NamedTuple):
 
 
 def tree_mean_broadcast(stacked: PyTree) -> PyTree:
-  """Uniform mean over the leading axis, broadcast back to every row."""
-  return jax.tree.map(
-      lambda x: jnp.broadcast_to(jnp.mean(x, 0, keepdims=True), x.shape).astype(x.dtype),
-      stacked)
+  """Uniform mean over the leading axis, broadcast back to every row.
+
+  Computed as a `[N] @ [N, d]` contraction: XLA:CPU's reduction over a leading
+  axis is several times slower at model scale.
+  """
+  def one(x):
+    n = x.shape[0]
+    w = jnp.full((n,), 1.0 / n, jnp.float32)
+    mean = jnp.tensordot(w, x.astype(jnp.float32), axes=1,
+                         precision=jax.lax.Precision.HIGHEST)
+    return jnp.broadcast_to(mean, x.shape).astype(x.dtype)
+  return jax.tree.map(one, stacked)

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from fedjax_mtl.aggregators import hca2_math as hm
-from fedjax_mtl.aggregators.base import AggInfo, AggInputs, Aggregator
+from fedjax_mtl.aggregators.base import AggInfo, AggInputs, Aggregator, tree_mean_broadcast
 from fedjax_mtl.errors import check_choice
 from fedjax_mtl.models.decoder import DECODER_LAYERS
 
@@ -91,11 +91,6 @@ def _add_scaled(base: PyTree, weight: PyTree, agg: PyTree) -> PyTree:
     g = g if g.ndim == b.ndim else g[None]
     return (b.astype(jnp.float32) + w * g.astype(jnp.float32)).astype(b.dtype)
   return jax.tree.map(one, base, weight, agg)
-
-
-def _mean_rows(stacked: PyTree) -> PyTree:
-  return jax.tree.map(lambda x: jnp.broadcast_to(
-      jnp.mean(x.astype(jnp.float32), 0, keepdims=True), x.shape).astype(x.dtype), stacked)
 
 
 def _layer_entropy(entropy: PyTree, layers: PyTree, num_layers: int) -> jax.Array:
@@ -169,7 +164,7 @@ def hca2(info: AggInfo, config=None) -> Aggregator:
       logs.update(alpha=new['alpha'], alpha_grad=g_alpha, ca_w=aux['w'],
                   ca_conflict_rate=aux['conflict_rate'])
     elif cfg.encoder_agg == 'fedavg':
-      enc = _mean_rows(x.enc_local)
+      enc = tree_mean_broadcast(x.enc_local)
     else:
       enc = x.enc_local
 
@@ -182,7 +177,7 @@ def hca2(info: AggInfo, config=None) -> Aggregator:
       logs.update(beta=new['beta'], beta_grad=g_beta,
                   attention_entropy=_layer_entropy(att['entropy'], layers, num_layers))
     elif cfg.decoder_agg == 'fedavg':
-      dec = _mean_rows(x.dec_local)
+      dec = tree_mean_broadcast(x.dec_local)
     else:
       dec = x.dec_local
     return enc, dec, new, logs
