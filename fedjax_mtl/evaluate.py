@@ -7,7 +7,7 @@ are fetched once per evaluation; `finalize_group` turns them into metrics.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -113,24 +113,25 @@ def make_edge_predictor(group: GroupSpec, model_eval) -> Callable | None:
   return lambda params, batch_stats, images: batched(params, batch_stats, task_ids, images)
 
 
-def edge_ods_rows(group: GroupSpec, predict: Callable, gstate, test_split: dict,
-                  batch_size: int, clients) -> list[dict]:
+def edge_ods_rows(group: GroupSpec, predict: Callable, gstate, test_batches: Iterable[dict],
+                  clients) -> list[dict]:
   """odsF rows (×100) of the group's edge clients over the whole test split.
 
-  Predictions are fetched batch by batch and scored on the host with the
-  SEISM-equivalent pipeline in `metrics.edge` (NMS, thinning, one-to-one
-  matching within maxDist, counts pooled over the split).
+  `test_batches` yields {'image', 'edge'} batches (padding marked 255 in
+  'edge', cropped away before matching). Predictions are fetched batch by
+  batch and scored on the host with the SEISM-equivalent pipeline in
+  `metrics.edge` (NMS, thinning, one-to-one matching within maxDist, counts
+  pooled over the split).
   """
   from fedjax_mtl.metrics.edge import EdgeODSAccumulator
   info = tasks_lib.DATASETS[group.dataset]
   edge_id = info.task_id('edge')
   holders = [j for j in range(group.num_real) if edge_id in group.task_ids[j]]
   accs = {j: EdgeODSAccumulator(max_dist=info.edge_max_dist) for j in holders}
-  images, gts = test_split['image'], test_split['edge']
-  for lo in range(0, len(images), batch_size):
+  for batch in test_batches:
     probs = np.asarray(jax.device_get(predict(gstate['params'], gstate['batch_stats'],
-                                              images[lo:lo + batch_size])))
-    gt = np.asarray(gts[lo:lo + batch_size])
+                                              batch['image'])))
+    gt = np.asarray(batch['edge'])
     for j in holders:
       accs[j].update(probs[j], gt, valid_mask=gt != tasks_lib.IGNORE)
   return [{'client': clients[group.client_ids[j]].name, 'dataset': group.dataset,

@@ -46,7 +46,13 @@ def epoch_lr(epoch: jax.Array, optim_cfg, total_epochs: int) -> jax.Array:
 
 
 def normalize_image(image: jax.Array) -> jax.Array:
-  """uint8 RGB -> float32 normalised with ImageNet statistics."""
+  """uint8 RGB -> float32 normalised with ImageNet statistics.
+
+  Float images are taken as already normalised (the real-data pipeline
+  normalises on the host, before padding, as the reference does).
+  """
+  if jnp.issubdtype(image.dtype, jnp.floating):
+    return image
   mean = jnp.asarray(tasks_lib.IMAGE_MEAN, jnp.float32)
   std = jnp.asarray(tasks_lib.IMAGE_STD, jnp.float32)
   return (image.astype(jnp.float32) - mean) / std
@@ -96,26 +102,21 @@ def make_loss_fn(group: GroupSpec, model_train) -> Callable:
   return loss_fn
 
 
-def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
-                       optim_cfg, batch_size: int, total_rounds: int) -> Callable:
-  """Returns `train(gstate, data, round, key) -> (gstate, metrics)` for this group.
+def _make_client_scan(group: GroupSpec, model_train, tx: optax.GradientTransformation,
+                      get_batch: Callable) -> Callable:
+  """`scan(params, batch_stats, opt_state, tids, xs, key) -> (..., loss_sum)` of one client.
 
-  `gstate` = {'params', 'batch_stats', 'opt_state'} with a leading client axis;
-  `data` = the dataset's train arrays (shared by all clients of the group).
+  `xs` = (batch source, mask, lr, step) per step; `get_batch(source)` gives the
+  step's batch (a gather from device-resident arrays, or the streamed batch).
+  Masked steps leave parameters, batch-norm and optimizer states unchanged.
   """
-  loss_fn = make_loss_fn(group, model_train)
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  epochs = group.local_epochs
-  index_table = jnp.asarray(group.index_table)
-  counts = jnp.asarray(group.counts)
-  task_ids = jnp.asarray(group.task_ids)
-  used = ('image',) + group.tasks_used
+  grad_fn = jax.value_and_grad(make_loss_fn(group, model_train), has_aux=True)
 
-  def train_client(params, batch_stats, opt_state, tids, idx, mask, lrs, data, key):
+  def scan(params, batch_stats, opt_state, tids, xs, key):
     def step(carry, inp):
       params, batch_stats, opt_state = carry
-      idx_t, m_t, lr_t, t = inp
-      batch = {k: data[k][idx_t] for k in used}
+      src, m_t, lr_t, t = inp
+      batch = dict(get_batch(src))
       batch['image'] = normalize_image(batch['image'])
       (_, (new_bs, slot_loss)), grads = grad_fn(
           params, batch_stats, tids, batch, jax.random.fold_in(key, t))
@@ -126,16 +127,44 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
                keep(new_opt, opt_state))
       return carry, slot_loss * m_t
 
-    steps = jnp.arange(idx.shape[0])
     (params, batch_stats, opt_state), losses = jax.lax.scan(
-        step, (params, batch_stats, opt_state), (idx, mask, lrs, steps))
-    n = jnp.maximum(jnp.sum(mask), 1)
-    return params, batch_stats, opt_state, jnp.sum(losses, 0) / n
+        step, (params, batch_stats, opt_state), xs)
+    return params, batch_stats, opt_state, jnp.sum(losses, 0)
+
+  return scan
+
+
+def _client_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
+  """Per-client dropout key streams of a group's round key."""
+  keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(num))
+  return keys, jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+
+
+def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
+                       optim_cfg, batch_size: int, total_rounds: int) -> Callable:
+  """Returns `train(gstate, data, round, key) -> (gstate, metrics)` for this group.
+
+  `gstate` = {'params', 'batch_stats', 'opt_state'} with a leading client axis;
+  `data` = the dataset's train arrays (shared by all clients of the group),
+  on device; each client's batches are gathered by index inside the step.
+  """
+  epochs = group.local_epochs
+  index_table = jnp.asarray(group.index_table)
+  counts = jnp.asarray(group.counts)
+  task_ids = jnp.asarray(group.task_ids)
+  used = ('image',) + group.tasks_used
+
+  def train_client(params, batch_stats, opt_state, tids, idx, mask, lrs, data, key):
+    scan = _make_client_scan(group, model_train, tx,
+                             lambda i: {k: data[k][i] for k in used})
+    steps = jnp.arange(idx.shape[0])
+    params, batch_stats, opt_state, loss_sum = scan(
+        params, batch_stats, opt_state, tids, (idx, mask, lrs, steps), key)
+    return params, batch_stats, opt_state, loss_sum / jnp.maximum(jnp.sum(mask), 1)
 
   def train(gstate, data, round_idx, key):
-    keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(group.num_total))
+    keys, step_keys = _client_keys(key, group.num_total)
     plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
     idx, mask = jax.vmap(lambda r, c, k: client_plan(r, c, k, epochs, batch_size))(
         index_table, counts, plan_keys)
     steps_per_epoch = idx.shape[1] // epochs
@@ -149,3 +178,30 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     return {'params': params, 'batch_stats': bstats, 'opt_state': opt}, metrics
 
   return train
+
+
+def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
+                       optim_cfg, total_rounds: int) -> Callable:
+  """Returns `train_chunk(gstate, acc, chunk, key) -> (gstate, acc)` for streamed data.
+
+  `chunk` = {'x': batches [n, T, B, ...], 'mask' [n, T], 'epoch' [T] absolute
+  local epochs, 'step' [T] positions in the round}; `key` is the group's round
+  key (as in `make_group_trainer`, so dropout streams match per step).
+  `acc` = {'loss_sum' [n, slots], 'steps' [n]} accumulates over a round's chunks.
+  """
+  task_ids = jnp.asarray(group.task_ids)
+  scan = _make_client_scan(group, model_train, tx, lambda b: b)
+  total_epochs = total_rounds * group.local_epochs
+
+  def train_chunk(gstate, acc, chunk, key):
+    _, step_keys = _client_keys(key, group.num_total)
+    lrs = epoch_lr(chunk['epoch'], optim_cfg, total_epochs)
+    params, bstats, opt, loss_sum = jax.vmap(
+        lambda p, b, o, t, x, m, k: scan(p, b, o, t, (x, m, lrs, chunk['step']), k))(
+            gstate['params'], gstate['batch_stats'], gstate['opt_state'], task_ids,
+            chunk['x'], chunk['mask'], step_keys)
+    acc = {'loss_sum': acc['loss_sum'] + loss_sum,
+           'steps': acc['steps'] + jnp.sum(chunk['mask'], 1)}
+    return {'params': params, 'batch_stats': bstats, 'opt_state': opt}, acc
+
+  return train_chunk

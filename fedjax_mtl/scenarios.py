@@ -10,6 +10,7 @@ dataset's train set into disjoint random equal chunks with one
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 
@@ -53,6 +54,9 @@ class ClientSpec:
   tasks: tuple[str, ...]
   train_indices: np.ndarray = dataclasses.field(repr=False, compare=False)
   local_epochs: int
+  # The client's share of the split in the order it was drawn (before the
+  # human-parts filter): real-data clients open their images in this order.
+  draw_indices: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @property
   def num_train(self) -> int:
@@ -88,12 +92,15 @@ def select_tasks(blocks: list[tuple], tasks: str) -> list[tuple]:
 
 
 def build_clients(config, train_labels: dict[str, dict[str, np.ndarray]] | None = None,
-                  num_train: dict[str, int] | None = None) -> list[ClientSpec]:
+                  num_train: dict[str, int] | None = None, *,
+                  parts_filter: Callable[[str, np.ndarray], np.ndarray] | None = None
+                  ) -> list[ClientSpec]:
   """Client specs for `config.scenario` with disjoint random equal train splits.
 
-  `num_train` maps dataset -> train set size; `train_labels` (optional) gives
-  per-dataset label arrays, used to keep only images with humans for
-  human_parts-only clients (`config.parts_clients_humans_only`).
+  `num_train` maps dataset -> train set size. Human_parts-only clients keep
+  only images with humans (`config.parts_clients_humans_only`), decided by
+  `parts_filter(dataset, indices) -> kept indices` or, without it, from the
+  per-dataset label arrays `train_labels`.
   """
   blocks = select_tasks(layout(config.scenario), config.get('tasks', ''))
   rs = np.random.RandomState(config.split_seed)
@@ -125,11 +132,14 @@ def build_clients(config, train_labels: dict[str, dict[str, np.ndarray]] | None 
             f'but only {n} train images; use fewer clients or more data')
       chunks = np.array_split(rs.permutation(n), len(owners))
       epochs = int(epochs_cfg.get(dataset, DATASETS[dataset].default_local_epochs))
-      for i, (tasks, idx) in enumerate(zip(owners, chunks)):
-        if (tasks == ('human_parts',) and config.get('parts_clients_humans_only', True)
-            and train_labels is not None and 'human_parts' in train_labels[dataset]):
-          has_h = np.any(train_labels[dataset]['human_parts'][idx] != IGNORE, axis=(1, 2))
-          idx = idx[has_h]
+      for i, (tasks, drawn) in enumerate(zip(owners, chunks)):
+        idx = drawn
+        if tasks == ('human_parts',) and config.get('parts_clients_humans_only', True):
+          if parts_filter is not None:
+            idx = parts_filter(dataset, drawn)
+          elif train_labels is not None and 'human_parts' in train_labels[dataset]:
+            has_h = np.any(train_labels[dataset]['human_parts'][idx] != IGNORE, axis=(1, 2))
+            idx = idx[has_h]
         idx = np.sort(idx)
         if len(idx) < config.batch_size:
           raise ConfigError(
@@ -138,5 +148,5 @@ def build_clients(config, train_labels: dict[str, dict[str, np.ndarray]] | None 
         name = f'{dataset}_{kind}_{"+".join(tasks) if kind == "st" else "mt"}'
         clients.append(ClientSpec(name=f'{name}_{i}', dataset=dataset, kind=kind,
                                   tasks=tuple(tasks), train_indices=idx,
-                                  local_epochs=epochs))
+                                  local_epochs=epochs, draw_indices=drawn))
   return clients

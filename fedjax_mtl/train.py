@@ -1,10 +1,15 @@
 """The round loop: build federation -> [local training -> aggregation -> evaluation
 -> logging/checkpoint] per round (FedHCA2 Alg. 1 for any aggregation rule).
 
-One jitted function runs a whole round: every client group trains (vmapped over
-clients, scanned over local steps), encoders `[N, ...]` and decoders `[K, ...]`
-are gathered across groups, aggregated and scattered back. Evaluation is a
-second jitted function. Host transfers happen once per round (logging).
+On the built-in synthetic data one jitted function runs a whole round: every
+client group trains (vmapped over clients, scanned over local steps) on
+device-resident arrays, encoders `[N, ...]` and decoders `[K, ...]` are
+gathered across groups, aggregated and scattered back. On real data
+(`data.source=real`) the augmented batches stream from a grain pipeline: each
+group trains chunk by chunk (one jitted, vmapped, scanned call per chunk of
+`data.chunk_steps` steps, dispatched asynchronously), then one jitted call
+aggregates. Evaluation is jitted with statistics pooled on device. Host
+transfers of results happen once per round (logging).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import functools
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -26,16 +31,18 @@ from tqdm import tqdm
 from fedjax_mtl import aggregators, evaluate, federation, local, report, scenarios
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.checkpoint import Checkpointer
-from fedjax_mtl.data import synthetic
+from fedjax_mtl.data import real, synthetic
 from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.models import get_encoder
 from fedjax_mtl.models.multitask import MultiTaskNet
 
 PyTree = Any
 DATA_SOURCES = ('synthetic', 'real')
-# Config fields that may change between a run and its resumption.
+# Config fields that do not change what a run computes: they may change
+# between a run and its resumption (dotted names are nested fields).
 RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'eval_edge_ods',
-                    'delta_m_reference')
+                    'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
+                    'data.cache_dir')
 
 
 @functools.lru_cache(maxsize=8)
@@ -44,18 +51,9 @@ def _synthetic(domain, split, n, resolution, seed):
 
 
 def load_data(config) -> dict[str, dict[str, dict[str, np.ndarray]]]:
-  """Train/test arrays per dataset used by the scenario."""
-  check_choice('data source', config.data.source, DATA_SOURCES)
+  """Synthetic train/test arrays per dataset used by the scenario."""
   datasets = sorted({b[0] for b in scenarios.layout(config.scenario)})
   out = {}
-  if config.data.source == 'real':
-    data_dir = config.data.data_dir or os.environ.get('FEDJAX_MTL_DATA_DIR', '')
-    if not data_dir or not os.path.isdir(data_dir):
-      raise ConfigError(
-          f'data dir {data_dir!r} does not exist; set --config.data.data_dir or '
-          'FEDJAX_MTL_DATA_DIR to the folder holding PASCALContext/ and NYUDv2/')
-    raise ConfigError('real-data training is not wired into the engine yet; '
-                      "valid data sources today: 'synthetic'")
   for d in datasets:
     res = tuple(config.data.resolution[d])
     out[d] = {split: _synthetic(d, split, int(config.data[f'num_{split}'][d]), res,
@@ -80,6 +78,16 @@ class Experiment:
   eval_fn: Any = None
   round_traces: int = 0
   edge_predictors: list = dataclasses.field(default_factory=list)
+  # Real data (streamed): None on synthetic data.
+  train_chunks: real.TrainChunks | None = None
+  eval_batches: dict = dataclasses.field(default_factory=dict)
+  chunk_fns: list = dataclasses.field(default_factory=list)
+  agg_fn: Any = None
+  eval_batch_fns: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def streamed(self) -> bool:
+    return self.train_chunks is not None
 
   @property
   def client_sharding(self) -> NamedSharding:
@@ -93,10 +101,18 @@ class Experiment:
 _BUILT: dict[str, Experiment] = {}
 
 
-def _run_fields(config) -> dict:
-  """The config as a dict, without the fields a run may change when resumed."""
-  return {k: v for k, v in json.loads(config.to_json_best_effort()).items()
-          if k not in RESUMABLE_FIELDS}
+def _run_fields(config, keep: tuple[str, ...] = ()) -> dict:
+  """The config (or its JSON dict) without the fields a run may change when resumed."""
+  d = json.loads(config if isinstance(config, str) else config.to_json_best_effort())
+  for f in RESUMABLE_FIELDS:
+    if f in keep:
+      continue
+    *parents, last = f.split('.')
+    node = d
+    for p in parents:
+      node = node.get(p, {})
+    node.pop(last, None)
+  return d
 
 
 def build(config) -> Experiment:
@@ -106,7 +122,8 @@ def build(config) -> Experiment:
   running the same config again in one process (a notebook, a resumed run)
   reuses its compiled functions.
   """
-  key = json.dumps(_run_fields(config), sort_keys=True)
+  key = json.dumps(_run_fields(config, keep=('data.data_dir', 'data.cache_dir')),
+                   sort_keys=True)
   if key not in _BUILT:
     _BUILT.clear()  # keep at most one experiment's buffers alive
     _BUILT[key] = _build(config)
@@ -115,6 +132,7 @@ def build(config) -> Experiment:
 
 def _build(config) -> Experiment:
   check_choice('algorithm', config.algorithm, aggregators.RULES)
+  check_choice('data source', config.data.source, DATA_SOURCES)
   scenarios.layout(config.scenario)
   model_kw = {k: v for k, v in config.model.get('kwargs', {}).items()}
   if config.model.get('dtype', 'float32') not in ('float32', 'bfloat16'):
@@ -122,10 +140,17 @@ def _build(config) -> Experiment:
                       "'float32', 'bfloat16'")
   dtype = jnp.dtype(config.model.get('dtype', 'float32'))
   encoder = get_encoder(config.model.encoder, dtype=dtype, **model_kw)
-  data = load_data(config)
-  num_train = {d: len(v['train']['image']) for d, v in data.items()}
-  labels = {d: v['train'] for d, v in data.items()}
-  clients = scenarios.build_clients(config, labels, num_train)
+  if config.data.source == 'real':
+    data = {}
+    datasets = sorted({b[0] for b in scenarios.layout(config.scenario)})
+    num_train = {d: len(real.open_split(config, d, 'train', tasks=())) for d in datasets}
+    clients = scenarios.build_clients(config, num_train=num_train,
+                                      parts_filter=real.parts_filter(config))
+  else:
+    data = load_data(config)
+    num_train = {d: len(v['train']['image']) for d, v in data.items()}
+    labels = {d: v['train'] for d, v in data.items()}
+    clients = scenarios.build_clients(config, labels, num_train)
   devices = jax.devices()
   n_dev = config.num_devices or len(devices)
   if n_dev > len(devices):
@@ -143,8 +168,11 @@ def _build(config) -> Experiment:
   exp = Experiment(config=config, fed=fed, data=data, mesh=mesh, encoder=encoder,
                    models_train=models_train, models_eval=models_eval,
                    tx=local.make_optimizer(config.optim), aggregator=agg)
-  exp.round_fn = make_round_fn(exp)
-  exp.eval_fn = make_eval_fn(exp)
+  if config.data.source == 'real':
+    _build_streaming(exp)
+  else:
+    exp.round_fn = make_round_fn(exp)
+    exp.eval_fn = make_eval_fn(exp)
   exp.edge_predictors = [
       None if p is None else jax.jit(p)
       for p in (evaluate.make_edge_predictor(g, m)
@@ -237,40 +265,140 @@ def place(exp: Experiment, state: PyTree) -> PyTree:
   return {**rest, 'groups': groups}
 
 
+def _group_key(state, g: int) -> jax.Array:
+  """Round key of client group `g` (local training randomness)."""
+  return jax.random.fold_in(jax.random.fold_in(state['rng'], state['round']), g)
+
+
+def _aggregate(exp: Experiment, state, prev_p: list, trained: list):
+  """New state after aggregating the trained groups against the round's start params."""
+  fed = exp.fed
+  local_p = [gs['params'] for gs in trained]
+  inputs = aggregators.AggInputs(
+      enc_prev=federation.gather_encoders(prev_p, fed),
+      enc_local=federation.gather_encoders(local_p, fed),
+      dec_prev=federation.gather_decoders(prev_p, fed),
+      dec_local=federation.gather_decoders(local_p, fed), round=state['round'])
+  enc, dec, agg_state, logs = exp.aggregator.apply(state['agg'], inputs)
+  new_params = federation.scatter(local_p, fed, enc, dec)
+  groups = [jax.lax.with_sharding_constraint({**gs, 'params': p}, exp.client_sharding)
+            for gs, p in zip(trained, new_params)]
+  new_state = {'round': state['round'] + 1, 'rng': state['rng'], 'groups': groups,
+               'agg': agg_state}
+  return new_state, logs
+
+
 def make_round_fn(exp: Experiment):
   """One jitted communication round: train all groups, aggregate, scatter back."""
   cfg = exp.config
   trainers = [local.make_group_trainer(g, m, exp.tx, cfg.optim, cfg.batch_size,
                                        cfg.num_rounds)
               for g, m in zip(exp.fed.groups, exp.models_train)]
-  fed = exp.fed
-  shard = exp.client_sharding
 
   def round_fn(state, data):
     exp.round_traces += 1  # Python side effect: runs once per trace, not per call
-    r = state['round']
-    rkey = jax.random.fold_in(state['rng'], r)
     trained, metrics = [], []
-    for g, (spec, train) in enumerate(zip(fed.groups, trainers)):
-      gs, m = train(state['groups'][g], data[spec.dataset]['train'], r,
-                    jax.random.fold_in(rkey, g))
+    for g, (spec, train) in enumerate(zip(exp.fed.groups, trainers)):
+      gs, m = train(state['groups'][g], data[spec.dataset]['train'], state['round'],
+                    _group_key(state, g))
       trained.append(gs)
       metrics.append(m)
     prev_p = [gs['params'] for gs in state['groups']]
-    local_p = [gs['params'] for gs in trained]
-    inputs = aggregators.AggInputs(
-        enc_prev=federation.gather_encoders(prev_p, fed),
-        enc_local=federation.gather_encoders(local_p, fed),
-        dec_prev=federation.gather_decoders(prev_p, fed),
-        dec_local=federation.gather_decoders(local_p, fed), round=r)
-    enc, dec, agg_state, logs = exp.aggregator.apply(state['agg'], inputs)
-    new_params = federation.scatter(local_p, fed, enc, dec)
-    groups = [jax.lax.with_sharding_constraint({**gs, 'params': p}, shard)
-              for gs, p in zip(trained, new_params)]
-    new_state = {'round': r + 1, 'rng': state['rng'], 'groups': groups, 'agg': agg_state}
+    new_state, logs = _aggregate(exp, state, prev_p, trained)
     return new_state, {'train': metrics, 'agg': logs}
 
   return jax.jit(round_fn, donate_argnums=0)
+
+
+def _build_streaming(exp: Experiment) -> None:
+  """Real data: the run's chunk source, per-group chunk trainers, aggregation, eval."""
+  cfg = exp.config
+  fed = exp.fed
+  size_of = {d: tuple(int(v) for v in cfg.data.resolution[d]) for d in cfg.data.resolution}
+  chunk_steps = int(cfg.data.get('chunk_steps', 2))
+  specs, sources = [], []
+  for g in fed.groups:
+    clients = [fed.clients[c] for c in g.client_ids]
+    specs.append(real.GroupFeedSpec(
+        dataset=g.dataset, client_ids=g.client_ids, num_total=g.num_total,
+        counts=tuple(c.num_train for c in clients), epochs=g.local_epochs,
+        batch_size=cfg.batch_size,
+        chunk_steps=min(chunk_steps, g.local_epochs * (max(g.counts) // cfg.batch_size)),
+        keys=g.tasks_used))
+    sources.append([real.client_source(cfg, c) for c in clients])
+  transforms = {d: real.T.train_transforms(size_of[d]) for d in size_of}
+  exp.train_chunks = real.TrainChunks(specs, sources, cfg.num_rounds, size_of,
+                                      int(cfg.data.seed), transforms)
+  for d in sorted({g.dataset for g in fed.groups}):
+    keys = tuple(t for t in tasks_lib.DATASETS[d].tasks
+                 if any(t in g.tasks_used for g in fed.groups if g.dataset == d))
+    test = real.open_split(cfg, d, real.TEST_SPLIT, tasks=keys)
+    real.check_eval_sizes(cfg, d, test)
+    exp.eval_batches[d] = real.EvalBatches(test, cfg.eval_batch_size, size_of[d], keys)
+
+  def chunk_fn(g, trainer):
+    def run(gs, acc, chunk, state_rng, rnd):
+      return trainer(gs, acc, chunk, _group_key({'rng': state_rng, 'round': rnd}, g))
+    return jax.jit(run, donate_argnums=(0, 1))
+
+  exp.chunk_fns = [chunk_fn(g, local.make_chunk_trainer(spec, m, exp.tx, cfg.optim,
+                                                         cfg.num_rounds))
+                   for g, (spec, m) in enumerate(zip(fed.groups, exp.models_train))]
+
+  def agg_fn(state, prev_p, accs):
+    exp.round_traces += 1
+    metrics = [{'loss': a['loss_sum'] / jnp.maximum(a['steps'], 1)[:, None],
+                'steps': a['steps']} for a in accs]
+    new_state, logs = _aggregate(exp, state, prev_p, state['groups'])
+    return new_state, {'train': metrics, 'agg': logs}
+
+  exp.agg_fn = jax.jit(agg_fn, donate_argnums=0)
+  evaluators = [evaluate.make_group_evaluator(g, m)
+                for g, m in zip(fed.groups, exp.models_eval)]
+  for d in exp.eval_batches:
+    members = [i for i, g in enumerate(fed.groups) if g.dataset == d]
+
+    def eval_batch(groups, batch, accs, members=members):
+      stats = [evaluators[i](groups[i]['params'], groups[i]['batch_stats'],
+                             jax.tree.map(lambda x: x[None], batch)) for i in members]
+      return stats if accs is None else jax.tree.map(jnp.add, accs, stats)
+
+    exp.eval_batch_fns[d] = jax.jit(eval_batch)
+
+
+_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
+def _chunk_arrays(exp: Experiment, element: dict) -> dict:
+  """A fed chunk on device: client axes sharded over the mesh."""
+  shard, rep = exp.client_sharding, exp.replicated
+  x = {k[2:]: v for k, v in element.items() if k.startswith('x/')}
+  return {'x': jax.device_put(x, shard), 'mask': jax.device_put(element['mask'], shard),
+          'epoch': jax.device_put(element['epoch'], rep),
+          'step': jax.device_put(element['step'], rep)}
+
+
+def streamed_round(exp: Experiment, state, feed: Iterator[dict], rnd: int):
+  """Round `rnd` (0-based) on streamed data: chunked local training, then aggregation.
+
+  `feed` yields `exp.train_chunks` elements from this round on; calls are
+  dispatched asynchronously, so the host prepares the next chunk while the
+  device trains on the current one.
+  """
+  groups = list(state['groups'])
+  prev_p = _copy([gs['params'] for gs in groups])
+  accs = [{'loss_sum': jnp.zeros((g.num_total, g.num_slots), jnp.float32),
+           'steps': jnp.zeros((g.num_total,), jnp.int32)} for g in exp.fed.groups]
+  accs = jax.device_put(accs, exp.client_sharding)
+  for _ in range(exp.train_chunks.per_round):
+    el = next(feed)
+    if int(el['round']) != rnd:
+      raise RuntimeError(f'data feed out of step: chunk of round {int(el["round"])} '
+                         f'in round {rnd}')
+    g = int(el['group'])
+    groups[g], accs[g] = exp.chunk_fns[g](groups[g], accs[g], _chunk_arrays(exp, el),
+                                          state['rng'], state['round'])
+  return exp.agg_fn({**state, 'groups': groups}, prev_p, accs)
 
 
 def make_eval_fn(exp: Experiment):
@@ -293,17 +421,48 @@ def device_data(exp: Experiment):
   return jax.device_put(train, exp.replicated), jax.device_put(test, exp.replicated)
 
 
+def _streamed_stats(exp: Experiment, groups) -> list:
+  """Pooled test statistics of every group, streaming each test split once."""
+  stats = [None] * len(exp.fed.groups)
+  threads = int(exp.config.data.get('threads', 2))
+  for d, source in exp.eval_batches.items():
+    members = [i for i, g in enumerate(exp.fed.groups) if g.dataset == d]
+    accs = None
+    for batch in real.iterate(source, threads=threads):
+      batch = jax.device_put(batch, exp.replicated)
+      if accs is None:  # zeros of the statistics' shapes: one compiled function
+        shapes = jax.eval_shape(exp.eval_batch_fns[d], groups, batch, None)
+        accs = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+      accs = exp.eval_batch_fns[d](groups, batch, accs)
+    for i, st in zip(members, jax.device_get(accs)):
+      stats[i] = st
+  return stats
+
+
+def _test_batches(exp: Experiment, dataset: str) -> Iterator[dict]:
+  """Test batches of `dataset` (edge odsF pass), from memory or streamed."""
+  if exp.streamed:
+    yield from real.iterate(exp.eval_batches[dataset],
+                            threads=int(exp.config.data.get('threads', 2)))
+    return
+  split, b = exp.data[dataset]['test'], exp.config.eval_batch_size
+  for lo in range(0, len(split['image']), b):
+    yield {k: split[k][lo:lo + b] for k in ('image', 'edge')}
+
+
 def run_eval(exp: Experiment, state, test_data) -> list[dict]:
   """Metrics rows (client, task, metric, value) of the current personalised models."""
-  stats = jax.device_get(exp.eval_fn(state['groups'], test_data))
+  if exp.streamed:
+    stats = _streamed_stats(exp, state['groups'])
+  else:
+    stats = jax.device_get(exp.eval_fn(state['groups'], test_data))
   rows = []
   for g, (spec, st) in enumerate(zip(exp.fed.groups, stats)):
     group_rows = evaluate.finalize_group(spec, st, exp.fed.clients)
     if exp.config.get('eval_edge_ods', True) and exp.edge_predictors[g] is not None:
       # Edge: the test loss is replaced by odsF (host-side matching, per batch).
       ods = evaluate.edge_ods_rows(spec, exp.edge_predictors[g], state['groups'][g],
-                                   exp.data[spec.dataset]['test'],
-                                   exp.config.eval_batch_size, exp.fed.clients)
+                                   _test_batches(exp, spec.dataset), exp.fed.clients)
       by_client = {r['client']: r for r in ods}
       group_rows = [by_client.get(r['client'], r) if r['task'] == 'edge' else r
                     for r in group_rows]
@@ -353,10 +512,9 @@ def _check_workdir(config, workdir: str) -> None:
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = json.load(f)
-  new = json.loads(config.to_json_best_effort())
-  diffs = sorted(k for k in set(old) | set(new)
-                 if k not in RESUMABLE_FIELDS and old.get(k) != new.get(k))
+    old = _run_fields(f.read())
+  new = _run_fields(config)
+  diffs = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   if diffs:
     raise ConfigError(
         f'workdir {workdir!r} holds a run with a different config (fields: '
@@ -384,7 +542,13 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     report.atomic_write(metrics_path, '')
     report.append_jsonl(metrics_path, [_meta_row(exp)])
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  train_data, test_data = device_data(exp)
+  if exp.streamed:
+    train_data = test_data = None
+    feed = real.iterate(exp.train_chunks, exp.train_chunks.offset(start),
+                        workers=int(config.data.get('workers', 0)),
+                        threads=int(config.data.get('threads', 2)))
+  else:
+    train_data, test_data = device_data(exp)
   total = config.num_rounds
   steps = sum(int(g.local_epochs * (g.counts // config.batch_size).sum()) for g in exp.fed.groups)
   bar = tqdm(total=total, initial=start, unit='round', disable=not config.progress,
@@ -393,7 +557,10 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   try:
     for rnd in range(start + 1, total + 1):
       t0 = time.time()
-      state, out = exp.round_fn(state, train_data)
+      if exp.streamed:
+        state, out = streamed_round(exp, state, feed, rnd - 1)
+      else:
+        state, out = exp.round_fn(state, train_data)
       out = jax.device_get(out)  # the one host transfer per round
       rows = _train_rows(exp, rnd, out['train']) + _agg_rows(rnd, out['agg'])
       eval_rows = []
@@ -410,6 +577,8 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   finally:
     bar.close()
     ckpt.close()
+    if exp.streamed:
+      feed.close()  # stops grain workers
   final = [r for r in report.read_jsonl(metrics_path) if r['type'] == 'eval'
            and r['round'] == total]
   all_rows = report.read_jsonl(metrics_path)

@@ -261,6 +261,10 @@ class CachedDataset:
     flags = self.meta.get('has_human_parts')
     return None if flags is None else np.asarray(flags, bool)[self.source_indices]
 
+  def image_sizes(self) -> np.ndarray:
+    """(H, W) of every sample, [len, 2]."""
+    return self._shapes[self.source_indices]
+
   def image_size(self, i: int) -> tuple[int, int]:
     """(H, W) of sample i."""
     h, w = self._shapes[self.source_indices[i]]

@@ -1,0 +1,236 @@
+"""Real PASCAL-Context / NYUD-v2 data for the engine: caches, client sources, batch feeds.
+
+Where the data is (`config.data`):
+  data_dir   the folder holding `PASCALContext/` and `NYUDv2/` (or the
+             environment variable FEDJAX_MTL_DATA_DIR);
+  cache_dir  the preprocessed caches (default `<data_dir>/cache`), one per split:
+             `pascal_train`, `pascal_val`, `nyud_train`, `nyud_val`, each built
+             once by `scripts/prepare_data.py`. Training and evaluation read
+             only the caches.
+
+Training batches of a whole run are one grain `MapDataset` over (round, group,
+chunk) in execution order. An element is one chunk of `data.chunk_steps` local
+steps of every client of a group, stacked `[clients, steps, B, ...]`, with the
+mask of real steps (clients with fewer batches and padding clients get masked
+steps, as in the in-memory engine). A client's epoch order is drawn from
+(data.seed, client, local epoch) and each sample's augmentation from
+(data.seed, client, local epoch, position), so a round's data is a function of
+the config and the round alone: worker processes, prefetching and resuming
+change nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Iterator, Sequence
+
+import grain
+import numpy as np
+
+from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.data import pipeline
+from fedjax_mtl.data import transforms as T
+from fedjax_mtl.data.cache import CacheError, CachedDataset
+from fedjax_mtl.errors import ConfigError
+
+ENV_DATA_DIR = 'FEDJAX_MTL_DATA_DIR'
+DATASET_DIRS = {'pascal': 'PASCALContext', 'nyud': 'NYUDv2'}
+TEST_SPLIT = 'val'
+
+
+def resolve_data_dir(config) -> str:
+  """`config.data.data_dir`, else $FEDJAX_MTL_DATA_DIR; ConfigError when absent."""
+  d = config.data.get('data_dir', '') or os.environ.get(ENV_DATA_DIR, '')
+  hint = (f'set --config.data.data_dir or {ENV_DATA_DIR} to the folder holding '
+          'PASCALContext/ and NYUDv2/')
+  if not d:
+    raise ConfigError(f'data.source=real needs a data dir; {hint}')
+  if not os.path.isdir(d):
+    raise ConfigError(f'data dir {d!r} does not exist; {hint}')
+  return d
+
+
+def cache_path(config, dataset: str, split: str) -> str:
+  """The cache directory of one split."""
+  root = config.data.get('cache_dir', '') or os.path.join(resolve_data_dir(config), 'cache')
+  return os.path.join(root, f'{dataset}_{split}')
+
+
+def open_split(config, dataset: str, split: str, **kwargs: Any) -> CachedDataset:
+  """The cached split, or a ConfigError naming the command that builds it."""
+  path = cache_path(config, dataset, split)
+  try:
+    return CachedDataset(path, **kwargs)
+  except CacheError as e:
+    raw = os.path.join(config.data.get('data_dir', '') or os.environ.get(ENV_DATA_DIR, ''),
+                       DATASET_DIRS[dataset])
+    raise ConfigError(f'{e}; build it once with: python scripts/prepare_data.py '
+                      f'--dataset {dataset} --root {raw} --split {split} --out {path}') from None
+
+
+def parts_filter(config):
+  """`filter(dataset, indices) -> kept` for human_parts-only clients (cache flags).
+
+  Keeps the images whose human flag is set, with the released code's
+  misaligned flags when `data.reproduce_parts_index_bug` (spec §1.11 bug 1).
+  """
+  bug = bool(config.data.get('reproduce_parts_index_bug', False))
+
+  def keep(dataset: str, indices: np.ndarray) -> np.ndarray:
+    ds = open_split(config, dataset, 'train', tasks=('human_parts',), indices=indices,
+                    reproduce_parts_index_bug=bug, drop_images_without_humans=True)
+    return ds.source_indices
+
+  return keep
+
+
+def client_source(config, client) -> CachedDataset:
+  """A client's training images (its draw order) with its own tasks' labels."""
+  drop = client.tasks == ('human_parts',) and config.get('parts_clients_humans_only', True)
+  ds = open_split(config, client.dataset, 'train', tasks=client.tasks,
+                  indices=client.draw_indices,
+                  reproduce_parts_index_bug=bool(config.data.get('reproduce_parts_index_bug', False)),
+                  drop_images_without_humans=drop)
+  if len(ds) != client.num_train:
+    raise ConfigError(f'client {client.name}: cache holds {len(ds)} images for its split, '
+                      f'the partition expects {client.num_train}; rebuild the cache')
+  return ds
+
+
+def _fields(dataset: str, tasks: Sequence[str], size: tuple[int, int]) -> dict[str, tuple]:
+  """(shape, dtype, fill) of one sample's arrays after the train/eval transforms."""
+  h, w = size
+  out = {'image': ((h, w, 3), np.float32, 0.)}
+  for t in tasks:
+    shape = (h, w, 3) if t == 'normals' else (h, w)
+    dtype = np.float32 if t in ('normals', 'depth') else np.uint8
+    out[t] = (shape, dtype, tasks_lib.IGNORE)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupFeedSpec:
+  """Static plan of one client group's local steps in a round."""
+  dataset: str
+  client_ids: tuple[int, ...]  # global ids of the group's real clients
+  num_total: int  # real + padding clients
+  counts: tuple[int, ...]  # images per real client
+  epochs: int
+  batch_size: int
+  chunk_steps: int
+  keys: tuple[str, ...]  # label keys of the group's batches
+
+  @property
+  def steps_per_epoch(self) -> int:
+    """Steps of the longest client's epoch (shorter clients are masked after theirs)."""
+    return max(self.counts) // self.batch_size
+
+  @property
+  def num_steps(self) -> int:
+    return self.epochs * self.steps_per_epoch
+
+  @property
+  def num_chunks(self) -> int:
+    return -(-self.num_steps // self.chunk_steps)
+
+
+class TrainChunks:
+  """grain random-access source of a run's training chunks, in execution order.
+
+  Element = {'group', 'round', 'mask' [n, T], 'epoch' [T], 'step' [T],
+  'x/<key>' [n, T, B, ...]}; `epoch` is the absolute local epoch (for the lr
+  schedule) and `step` the step's position in the round (for dropout keys).
+  """
+
+  def __init__(self, specs: Sequence[GroupFeedSpec], sources: Sequence[Sequence[Any]],
+               num_rounds: int, size_of: dict[str, tuple[int, int]], seed: int,
+               transforms_of: dict[str, list]):
+    self.specs, self.sources = tuple(specs), [list(s) for s in sources]
+    self.size_of, self.seed, self.transforms_of = dict(size_of), int(seed), transforms_of
+    per_round = [(g, c) for g, s in enumerate(self.specs) for c in range(s.num_chunks)]
+    self.per_round = len(per_round)
+    self.table = [(r, g, c) for r in range(num_rounds) for g, c in per_round]
+
+  def __len__(self) -> int:
+    return len(self.table)
+
+  def offset(self, rnd: int) -> int:
+    """Index of the first element of 0-based round `rnd`."""
+    return rnd * self.per_round
+
+  def _order(self, cid: int, count: int, epoch: int) -> np.ndarray:
+    return pipeline.epoch_order(np.arange(count), pipeline._seed32(self.seed, cid), epoch)
+
+  def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+    rnd, g, c = self.table[int(i)]
+    spec = self.specs[g]
+    n, t_len, b = spec.num_total, spec.chunk_steps, spec.batch_size
+    fields = _fields(spec.dataset, spec.keys, self.size_of[spec.dataset])
+    out = {f'x/{k}': np.full((n, t_len, b) + shape, fill, dtype)
+           for k, (shape, dtype, fill) in fields.items()}
+    mask = np.zeros((n, t_len), bool)
+    steps = c * t_len + np.arange(t_len)
+    s_per = spec.steps_per_epoch
+    epoch = rnd * spec.epochs + np.minimum(steps // s_per, spec.epochs - 1)
+    ts = self.transforms_of[spec.dataset]
+    for j, (cid, count) in enumerate(zip(spec.client_ids, spec.counts)):
+      for k, t in enumerate(steps):
+        e, s = divmod(int(t), s_per)
+        if e >= spec.epochs or s >= count // b:
+          continue
+        ep = rnd * spec.epochs + e
+        order = self._order(cid, count, ep)
+        for p in range(s * b, (s + 1) * b):
+          rng = np.random.default_rng([self.seed, cid, ep, p])
+          sample = T.apply_transforms(self.sources[g][j][int(order[p])], ts, rng)
+          for key in fields:
+            if key in sample:
+              out[f'x/{key}'][j, k, p - s * b] = sample[key]
+        mask[j, k] = True
+    return {'group': np.int32(g), 'round': np.int32(rnd), 'mask': mask,
+            'epoch': epoch.astype(np.int32), 'step': steps.astype(np.int32), **out}
+
+
+class EvalBatches:
+  """grain random-access source of one test split's padded evaluation batches.
+
+  The last batch is filled up with all-ignore samples (image 0, labels 255),
+  which add nothing to any metric.
+  """
+
+  def __init__(self, source: Any, batch_size: int, size: tuple[int, int], keys: Sequence[str]):
+    self.source, self.batch_size, self.size = source, int(batch_size), tuple(size)
+    self.fields = _fields('', keys, self.size)
+    self.transforms = T.eval_transforms(self.size)
+
+  def __len__(self) -> int:
+    return -(-len(self.source) // self.batch_size)
+
+  def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+    out = {k: np.full((self.batch_size,) + shape, fill, dtype)
+           for k, (shape, dtype, fill) in self.fields.items()}
+    lo = int(i) * self.batch_size
+    for b, p in enumerate(range(lo, min(lo + self.batch_size, len(self.source)))):
+      sample = T.apply_transforms(self.source[p], self.transforms)
+      for k in self.fields:
+        out[k][b] = sample[k]
+    return out
+
+
+def iterate(source: Any, start: int = 0, workers: int = 0, threads: int = 2,
+            prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+  """Elements of `source` from `start` on, in order (grain threads or processes)."""
+  ds = grain.MapDataset.source(source)[start:]
+  return pipeline._iterate(ds, workers, threads, prefetch)
+
+
+def check_eval_sizes(config, dataset: str, ds: CachedDataset) -> None:
+  """ConfigError if a test image exceeds the evaluation size (no resize at test time)."""
+  h, w = (int(v) for v in config.data.resolution[dataset])
+  sizes = ds.image_sizes()
+  if len(sizes) and (sizes[:, 0].max() > h or sizes[:, 1].max() > w):
+    raise ConfigError(
+        f'{dataset} test images up to {sizes[:, 0].max()}x{sizes[:, 1].max()} exceed '
+        f'data.resolution {h}x{w}; evaluation pads without resizing, so the resolution '
+        'must cover every test image (paper: pascal 512x512, nyud 448x576)')

@@ -1,0 +1,195 @@
+"""The engine on real-format data: caches of fake dataset trees, streamed chunks, resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from fake_datasets import make_nyud, make_pascal
+from fedjax_mtl import local, scenarios, train
+from fedjax_mtl.data import cache as cache_lib
+from fedjax_mtl.data import real
+from fedjax_mtl.errors import ConfigError
+
+P_TRAIN = [f'2008_{i:06d}' for i in range(1, 21)]
+N_TRAIN = [f'{i:04d}' for i in range(1, 7)]
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  base = str(tmp_path_factory.mktemp('real'))
+  make_pascal(os.path.join(base, 'PASCALContext'), ids=P_TRAIN, num_val=5)
+  make_nyud(os.path.join(base, 'NYUDv2'), ids=N_TRAIN)
+  for d, raw in real.DATASET_DIRS.items():
+    for split in ('train', 'val'):
+      cache_lib.prepare(d, os.path.join(base, raw), split,
+                        os.path.join(base, 'cache', f'{d}_{split}'), verbose=False)
+  return base
+
+
+def real_config(data_dir, **overrides):
+  # Fake images are 40x48 (PASCAL) and 32x40 (NYUD): evaluation pads to these.
+  kw = {'data.source': 'real', 'data.data_dir': data_dir,
+        'data.resolution': {'pascal': (64, 64), 'nyud': (32, 64)},
+        'batch_size': 2, 'eval_batch_size': 2, 'num_rounds': 2}
+  return tiny_config('hca2', **{**kw, **overrides})
+
+
+def _params(state):
+  return jax.tree.map(np.asarray, [gs['params'] for gs in state['groups']])
+
+
+def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, tmp_path):
+  cfg = real_config(data_dir)
+  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
+  rows = [json.loads(l) for l in open(tmp_path / 'full' / 'metrics.jsonl')]
+  evals = {(r['client'], r['task']) for r in rows if r['type'] == 'eval' and r['round'] == 2}
+  exp = train.build(cfg)
+  assert evals == {(c.name, t) for c in exp.fed.clients for t in c.tasks}
+  assert all(np.isfinite(r['value']) for r in rows if r['type'] == 'eval')
+  train_rows = [r for r in rows if r['type'] == 'train']
+  assert all(np.isfinite(r['loss']) and r['steps'] > 0 for r in train_rows)
+  # Steps per client follow its image count (only images with humans for parts).
+  for c in exp.fed.clients:
+    steps = {r['steps'] for r in train_rows if r['client'] == c.name}
+    assert steps == {c.local_epochs * (c.num_train // cfg.batch_size)}
+  assert exp.round_traces == 1  # chunk trainers + one aggregation, traced once
+  # Interrupt after round 1, resume with other reader settings: same result.
+  part = str(tmp_path / 'part')
+  out = train.train_and_evaluate(cfg, part, stop_after=1)
+  assert out['interrupted']
+  cfg.data.threads = 0
+  resumed = train.train_and_evaluate(cfg, part)
+  jax.tree.map(np.testing.assert_array_equal, _params(full['state']), _params(resumed['state']))
+  assert ([r for r in full['eval']] == [r for r in resumed['eval']])
+
+
+def test_parts_client_keeps_images_with_humans(data_dir):
+  cfg = real_config(data_dir)
+  exp = train.build(cfg)
+  flags = np.asarray(cache_lib.read_meta(os.path.join(data_dir, 'cache', 'pascal_train'))
+                     ['has_human_parts'], bool)
+  parts = [c for c in exp.fed.clients if c.tasks == ('human_parts',)]
+  assert parts and all(flags[c.train_indices].all() for c in parts)
+  assert all(not flags[np.setdiff1d(c.draw_indices, c.train_indices)].any() for c in parts)
+  others = [c for c in exp.fed.clients if c.dataset == 'pascal' and c not in parts]
+  assert all(np.array_equal(np.sort(c.draw_indices), c.train_indices) for c in others)
+
+
+def test_train_chunks_are_deterministic_and_masked(data_dir):
+  exp = train.build(real_config(data_dir))
+  chunks = exp.train_chunks
+  assert len(chunks) == 2 * chunks.per_round
+  el = chunks[chunks.offset(1)]
+  again = real.TrainChunks(chunks.specs, chunks.sources, 2, chunks.size_of, chunks.seed,
+                           chunks.transforms_of)[chunks.offset(1)]
+  for k in el:
+    np.testing.assert_array_equal(el[k], again[k])
+  threaded = list(real.iterate(chunks, chunks.offset(1), threads=2))
+  assert len(threaded) == chunks.per_round
+  for k in el:
+    np.testing.assert_array_equal(el[k], threaded[0][k])
+  # Rounds differ (new epoch orders and augmentations); shapes and masks agree.
+  first = chunks[0]
+  assert not np.array_equal(first['x/image'], el['x/image'])
+  for g, spec in enumerate(chunks.specs):
+    mask = np.concatenate([chunks[i]['mask'] for i in range(chunks.per_round)
+                           if chunks.table[i][1] == g], axis=1)
+    s_per = spec.steps_per_epoch
+    for j in range(spec.num_total):
+      want = np.zeros(mask.shape[1], bool)
+      if j < len(spec.counts):
+        for e in range(spec.epochs):
+          want[e * s_per:e * s_per + spec.counts[j] // spec.batch_size] = True
+      np.testing.assert_array_equal(mask[j], want)
+  # Masked steps carry ignore labels only; the image is normalised float32.
+  assert first['x/image'].dtype == np.float32
+  spec0 = chunks.specs[int(first['group'])]
+  for key in spec0.keys:
+    assert np.all(first[f'x/{key}'][~first['mask']] == 255)
+
+
+def test_chunk_trainer_matches_in_memory_trainer():
+  """Streaming the in-memory plan chunk by chunk gives the in-memory trainer's result."""
+  cfg = tiny_config('local')
+  exp = train.build(cfg)
+  state = train.init_state(exp)
+  train_data, _ = train.device_data(exp)
+  g, rnd, key = 0, 2, jax.random.PRNGKey(3)
+  spec = exp.fed.groups[g]
+  group_trainer = jax.jit(local.make_group_trainer(
+      spec, exp.models_train[g], exp.tx, cfg.optim, cfg.batch_size, cfg.num_rounds))
+  want, want_m = group_trainer(state['groups'][g], train_data[spec.dataset]['train'],
+                               jnp.int32(rnd), key)
+  # The in-memory plan (same keys as inside the trainer), fed as chunks of 3 steps.
+  keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(spec.num_total))
+  idx, mask = jax.vmap(lambda r, c, k: local.client_plan(
+      r, c, jax.random.fold_in(k, 0), spec.local_epochs, cfg.batch_size))(
+          jnp.asarray(spec.index_table), jnp.asarray(spec.counts), keys)
+  idx, mask = np.asarray(idx), np.asarray(mask)
+  arrays = exp.data[spec.dataset]['train']
+  total = idx.shape[1]
+  s_per = total // spec.local_epochs
+  chunk_trainer = jax.jit(local.make_chunk_trainer(spec, exp.models_train[g], exp.tx,
+                                                   cfg.optim, cfg.num_rounds))
+  gs = state['groups'][g]
+  acc = {'loss_sum': jnp.zeros((spec.num_total, spec.num_slots)),
+         'steps': jnp.zeros((spec.num_total,), jnp.int32)}
+  t_len = 3
+  for t0 in range(0, total, t_len):
+    steps = np.arange(t0, t0 + t_len)
+    valid = steps < total
+    steps_c = np.minimum(steps, total - 1)
+    chunk = {'x': {k: arrays[k][idx[:, steps_c]] for k in ('image',) + spec.tasks_used},
+             'mask': mask[:, steps_c] & valid,
+             'epoch': (rnd * spec.local_epochs + steps_c // s_per).astype(np.int32),
+             'step': steps.astype(np.int32)}
+    gs, acc = chunk_trainer(gs, acc, chunk, key)
+  got_loss = acc['loss_sum'] / jnp.maximum(acc['steps'], 1)[:, None]
+  np.testing.assert_array_equal(np.asarray(acc['steps']), np.asarray(want_m['steps']))
+  np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_m['loss']), rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               jax.tree.map(np.asarray, gs), jax.tree.map(np.asarray, want))
+
+
+def test_real_data_errors(data_dir, tmp_path, monkeypatch):
+  monkeypatch.delenv(real.ENV_DATA_DIR, raising=False)
+  with pytest.raises(ConfigError, match='needs a data dir'):
+    train.build(real_config(''))
+  with pytest.raises(ConfigError, match='does not exist'):
+    train.build(real_config(str(tmp_path / 'nope')))
+  # The environment variable stands in for data.data_dir.
+  monkeypatch.setenv(real.ENV_DATA_DIR, data_dir)
+  assert real.resolve_data_dir(real_config('')) == data_dir
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  with pytest.raises(ConfigError, match='prepare_data.py --dataset nyud'):
+    train.build(real_config(str(empty)))
+  with pytest.raises(ConfigError, match='exceed data.resolution'):
+    train.build(real_config(data_dir, **{'data.resolution': {'pascal': (32, 32),
+                                                             'nyud': (32, 64)}}))
+
+
+def _config_module(name):
+  spec = importlib.util.spec_from_file_location(
+      f'cfg_{name}', os.path.join(os.path.dirname(__file__), '..', 'configs', f'{name}.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.mark.parametrize('scenario', sorted(scenarios.LAYOUTS))
+def test_paper_configs_for_every_layout(scenario):
+  for name in ('hca2', 'fedavg', 'local'):
+    c = _config_module(name).get_config(f'paper,scenario={scenario}')
+    assert c.scenario == scenario and c.data.source == 'real'
+    assert c.model.encoder == 'swin_t' and c.num_rounds == 100 and c.batch_size == 8
+    assert tuple(c.data.resolution['pascal']) == (512, 512)
+    assert tuple(c.data.resolution['nyud']) == (448, 576)
