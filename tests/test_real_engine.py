@@ -93,7 +93,12 @@ def test_train_chunks_are_deterministic_and_masked(data_dir):
   for k in el:
     np.testing.assert_array_equal(el[k], again[k])
   threaded = list(real.iterate(chunks, chunks.offset(1), threads=2))
-  assert len(threaded) == chunks.per_round
+  in_workers = list(real.iterate(chunks, chunks.offset(1), workers=2))
+  assert len(threaded) == len(in_workers) == chunks.per_round
+  for a, b in zip(threaded, in_workers):
+    assert set(a) == set(b)
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
   for k in el:
     np.testing.assert_array_equal(el[k], threaded[0][k])
   # Rounds differ (new epoch orders and augmentations); shapes and masks agree.
