@@ -46,7 +46,7 @@ def make_group_evaluator(group: GroupSpec, model_eval) -> Callable:
 
   def client_stats(params, batch_stats, tids, batch):
     outs = model_eval.apply({'params': params, 'batch_stats': batch_stats},
-                            normalize_image(batch['image']))
+                            normalize_image(batch['image'], batch.get('box')))
     stats = []
     for s, out in enumerate(outs):
       per = {}
@@ -58,7 +58,7 @@ def make_group_evaluator(group: GroupSpec, model_eval) -> Callable:
     return stats
 
   def evaluate(params, batch_stats, test_batches):
-    batches = {k: test_batches[k] for k in used}
+    batches = {k: test_batches[k] for k in used + ('box',) if k in test_batches}
     first = jax.tree.map(lambda x: x[0], batches)
     init = jax.eval_shape(
         lambda: jax.vmap(client_stats, (0, 0, 0, None))(params, batch_stats, task_ids, first))
@@ -89,7 +89,7 @@ def finalize_group(group: GroupSpec, stats, clients) -> list[dict]:
 
 
 def make_edge_predictor(group: GroupSpec, model_eval) -> Callable | None:
-  """`predict(params, batch_stats, images) -> [n_clients, B, H, W]` edge probabilities.
+  """`predict(params, batch_stats, batch) -> [n_clients, B, H, W]` edge probabilities.
 
   Each client's edge map comes from the slot where it holds 'edge' (zeros for
   clients without edge). None if no client of the group has the edge task.
@@ -100,9 +100,9 @@ def make_edge_predictor(group: GroupSpec, model_eval) -> Callable | None:
   edge_id = info.task_id('edge')
   task_ids = jnp.asarray(group.task_ids)
 
-  def client(params, batch_stats, tids, images):
+  def client(params, batch_stats, tids, batch):
     outs = model_eval.apply({'params': params, 'batch_stats': batch_stats},
-                            normalize_image(images))
+                            normalize_image(batch['image'], batch.get('box')))
     prob = jnp.zeros(outs[0].shape[:3], jnp.float32)
     for s, out in enumerate(outs):
       if 'edge' in group.slot_tasks[s]:
@@ -110,14 +110,14 @@ def make_edge_predictor(group: GroupSpec, model_eval) -> Callable | None:
     return prob
 
   batched = jax.vmap(client, (0, 0, 0, None))
-  return lambda params, batch_stats, images: batched(params, batch_stats, task_ids, images)
+  return lambda params, batch_stats, batch: batched(params, batch_stats, task_ids, batch)
 
 
 def edge_ods_rows(group: GroupSpec, predict: Callable, gstate, test_batches: Iterable[dict],
                   clients) -> list[dict]:
   """odsF rows (×100) of the group's edge clients over the whole test split.
 
-  `test_batches` yields {'image', 'edge'} batches (padding marked 255 in
+  `test_batches` yields {'image', 'edge'[, 'box']} batches (padding marked 255 in
   'edge', cropped away before matching). Predictions are fetched batch by
   batch and scored on the host with the SEISM-equivalent pipeline in
   `metrics.edge` (NMS, thinning, one-to-one matching within maxDist, counts
@@ -129,8 +129,9 @@ def edge_ods_rows(group: GroupSpec, predict: Callable, gstate, test_batches: Ite
   holders = [j for j in range(group.num_real) if edge_id in group.task_ids[j]]
   accs = {j: EdgeODSAccumulator(max_dist=info.edge_max_dist) for j in holders}
   for batch in test_batches:
+    inputs = {k: batch[k] for k in ('image', 'box') if k in batch}
     probs = np.asarray(jax.device_get(predict(gstate['params'], gstate['batch_stats'],
-                                              batch['image'])))
+                                              inputs)))
     gt = np.asarray(batch['edge'])
     for j in holders:
       accs[j].update(probs[j], gt, valid_mask=gt != tasks_lib.IGNORE)

@@ -16,6 +16,7 @@ from fake_datasets import make_nyud, make_pascal
 from fedjax_mtl import local, scenarios, train
 from fedjax_mtl.data import cache as cache_lib
 from fedjax_mtl.data import real
+from fedjax_mtl.data import transforms as T
 from fedjax_mtl.errors import ConfigError
 
 P_TRAIN = [f'2008_{i:06d}' for i in range(1, 21)]
@@ -114,11 +115,33 @@ def test_train_chunks_are_deterministic_and_masked(data_dir):
         for e in range(spec.epochs):
           want[e * s_per:e * s_per + spec.counts[j] // spec.batch_size] = True
       np.testing.assert_array_equal(mask[j], want)
-  # Masked steps carry ignore labels only; the image is normalised float32.
-  assert first['x/image'].dtype == np.float32
+  # Masked steps carry ignore labels and empty boxes only.
+  assert first['x/image'].dtype == np.uint8
   spec0 = chunks.specs[int(first['group'])]
   for key in spec0.keys:
     assert np.all(first[f'x/{key}'][~first['mask']] == 255)
+  assert np.all(first['x/box'][~first['mask']] == 0)
+
+
+def test_device_normalisation_equals_reference_normalise_then_pad():
+  """uint8 canvas + box, normalised on device == host Normalize -> PadToSize."""
+  rng = np.random.default_rng(0)
+  size = (24, 30)
+  samples = [{'image': rng.integers(0, 256, (h, w, 3), dtype=np.uint8),
+              'semseg': rng.integers(0, 21, (h, w)).astype(np.uint8),
+              'depth': rng.uniform(0, 5, (h, w)).astype(np.float32)}
+             for h, w in ((24, 30), (17, 30), (9, 13))]
+  fields = real._fields(('semseg', 'depth'), size)
+  canvas = {k: np.full((3,) + shape, fill, dtype) for k, (shape, dtype, fill) in fields.items()}
+  for b, smp in enumerate(samples):
+    real.place(canvas, (b,), T.add_ignore_regions(smp))
+  got = np.asarray(local.normalize_image(jnp.asarray(canvas['image']),
+                                         jnp.asarray(canvas['box'])))
+  for b, smp in enumerate(samples):
+    want = T.apply_transforms(smp, T.eval_transforms(size))
+    np.testing.assert_allclose(got[b], want['image'], rtol=0, atol=2e-6)
+    for k in ('semseg', 'depth'):
+      np.testing.assert_array_equal(canvas[k][b], want[k])
 
 
 def test_chunk_trainer_matches_in_memory_trainer():

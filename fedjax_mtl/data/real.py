@@ -98,15 +98,41 @@ def client_source(config, client) -> CachedDataset:
   return ds
 
 
-def _fields(dataset: str, tasks: Sequence[str], size: tuple[int, int]) -> dict[str, tuple]:
-  """(shape, dtype, fill) of one sample's arrays after the train/eval transforms."""
+def _fields(tasks: Sequence[str], size: tuple[int, int]) -> dict[str, tuple]:
+  """(shape, dtype, fill) of one padded sample's arrays.
+
+  The image stays uint8 (normalised on device, `local.normalize_image`) with
+  'box' = (top, left, height, width) of the image inside the canvas; labels
+  are padded with 255 (normals and depth padding would become 255 in
+  AddIgnoreRegions anyway).
+  """
   h, w = size
-  out = {'image': ((h, w, 3), np.float32, 0.)}
+  out = {'image': ((h, w, 3), np.uint8, 0), 'box': ((4,), np.int32, 0)}
   for t in tasks:
     shape = (h, w, 3) if t == 'normals' else (h, w)
     dtype = np.float32 if t in ('normals', 'depth') else np.uint8
     out[t] = (shape, dtype, tasks_lib.IGNORE)
   return out
+
+
+def engine_transforms(transforms: Sequence[Any]) -> list:
+  """A transform list without Normalize / PadToSize (done by `place` and on device)."""
+  return [t for t in transforms if not isinstance(t, (T.Normalize, T.PadToSize))]
+
+
+def place(out: dict[str, np.ndarray], at: tuple, sample: dict[str, np.ndarray]) -> None:
+  """Write `sample` centred into the canvases `out[key][at]` (as `pad_to_size` pads)."""
+  canvas_h, canvas_w = out['image'].shape[len(at):len(at) + 2]
+  h, w = sample['image'].shape[:2]
+  if h > canvas_h or w > canvas_w:
+    raise ValueError(f'sample of size {h}x{w} is larger than the target size '
+                     f'{canvas_h}x{canvas_w}')
+  top, left = (canvas_h - h) // 2, (canvas_w - w) // 2
+  for key, arr in out.items():
+    if key == 'box':
+      arr[at] = (top, left, h, w)
+    elif key in sample:
+      arr[at][top:top + h, left:left + w] = sample[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,14 +192,14 @@ class TrainChunks:
     rnd, g, c = self.table[int(i)]
     spec = self.specs[g]
     n, t_len, b = spec.num_total, spec.chunk_steps, spec.batch_size
-    fields = _fields(spec.dataset, spec.keys, self.size_of[spec.dataset])
-    out = {f'x/{k}': np.full((n, t_len, b) + shape, fill, dtype)
-           for k, (shape, dtype, fill) in fields.items()}
+    fields = _fields(spec.keys, self.size_of[spec.dataset])
+    canvas = {k: np.full((n, t_len, b) + shape, fill, dtype)
+              for k, (shape, dtype, fill) in fields.items()}
     mask = np.zeros((n, t_len), bool)
     steps = c * t_len + np.arange(t_len)
     s_per = spec.steps_per_epoch
     epoch = rnd * spec.epochs + np.minimum(steps // s_per, spec.epochs - 1)
-    ts = self.transforms_of[spec.dataset]
+    ts = engine_transforms(self.transforms_of[spec.dataset])
     for j, (cid, count) in enumerate(zip(spec.client_ids, spec.counts)):
       for k, t in enumerate(steps):
         e, s = divmod(int(t), s_per)
@@ -184,25 +210,24 @@ class TrainChunks:
         for p in range(s * b, (s + 1) * b):
           rng = np.random.default_rng([self.seed, cid, ep, p])
           sample = T.apply_transforms(self.sources[g][j][int(order[p])], ts, rng)
-          for key in fields:
-            if key in sample:
-              out[f'x/{key}'][j, k, p - s * b] = sample[key]
+          place(canvas, (j, k, p - s * b), sample)
         mask[j, k] = True
     return {'group': np.int32(g), 'round': np.int32(rnd), 'mask': mask,
-            'epoch': epoch.astype(np.int32), 'step': steps.astype(np.int32), **out}
+            'epoch': epoch.astype(np.int32), 'step': steps.astype(np.int32),
+            **{f'x/{k}': v for k, v in canvas.items()}}
 
 
 class EvalBatches:
   """grain random-access source of one test split's padded evaluation batches.
 
-  The last batch is filled up with all-ignore samples (image 0, labels 255),
+  The last batch is filled up with all-ignore samples (empty box, labels 255),
   which add nothing to any metric.
   """
 
   def __init__(self, source: Any, batch_size: int, size: tuple[int, int], keys: Sequence[str]):
     self.source, self.batch_size, self.size = source, int(batch_size), tuple(size)
-    self.fields = _fields('', keys, self.size)
-    self.transforms = T.eval_transforms(self.size)
+    self.fields = _fields(keys, self.size)
+    self.transforms = engine_transforms(T.eval_transforms(self.size))
 
   def __len__(self) -> int:
     return -(-len(self.source) // self.batch_size)
@@ -212,9 +237,7 @@ class EvalBatches:
            for k, (shape, dtype, fill) in self.fields.items()}
     lo = int(i) * self.batch_size
     for b, p in enumerate(range(lo, min(lo + self.batch_size, len(self.source)))):
-      sample = T.apply_transforms(self.source[p], self.transforms)
-      for k in self.fields:
-        out[k][b] = sample[k]
+      place(out, (b,), T.apply_transforms(self.source[p], self.transforms))
     return out
 
 
