@@ -142,20 +142,23 @@ def hca2(info: AggInfo, config=None) -> Aggregator:
     return pick(new_w, w), pick(new_opt, opt)
 
   def apply(state: PyTree, x: AggInputs):
-    d_enc = _delta(x.enc_local, x.enc_prev)
     d_dec = _delta(x.dec_local, x.dec_prev)
     layers = layer_of_leaf(x.dec_prev)
     on = x.round >= 1  # no hyper step in the first round
     new, logs = dict(state), {}
 
     if ca:
-      g_alpha = hm.alpha_grad(state['prev_u'], d_enc, state['alpha'])
+      # The encoder deltas (N x 27.5M for Swin-T) are never materialised: the Gram
+      # matrix and the α inner products <Ũ^(r-1), Δθ_i> share one read pass.
+      u, aux = hm.conflict_averse_from(x.enc_local, x.enc_prev, c=cfg.ca_c,
+                                       rescale=cfg.ca_rescale, probe=state['prev_u'])
+      g_alpha = hm.hyper_grad(aux['probe_dots'], state['alpha'])
       new['alpha'], new['alpha_opt'] = hyper_step(state['alpha'], state['alpha_opt'],
                                                    g_alpha, on)
-      u, aux = hm.conflict_averse(d_enc, c=cfg.ca_c, rescale=cfg.ca_rescale, return_aux=True)
       if homo_active:
         base = jax.tree.map(lambda p, d: (p.astype(jnp.float32) + d).astype(p.dtype),
-                            x.enc_prev, hm.homo_average(d_enc, homo_ids))
+                            x.enc_prev, hm.homo_average(_delta(x.enc_local, x.enc_prev),
+                                                        homo_ids))
       else:
         base = x.enc_local  # θ_prev + Δθ exactly, so α = 0 gives Local bitwise
       alpha_leaves = jax.tree.map(lambda _: new['alpha'], base)

@@ -3,8 +3,10 @@
 Every function takes "stacked pytrees": nested dicts (any pytree) of arrays whose
 leaves share a leading axis (N clients for encoders, K decoders for decoders).
 Nothing here concatenates all parameters into one vector: reductions are done
-leaf by leaf and summed, so memory stays at one leaf-sized temporary (the Swin-T
-encoder is 27.5M parameters times N = 6..24 clients).
+leaf by leaf (over the encoders, in cache-sized column chunks) and summed, so no
+leaf-sized temporary of the N updates is made (the Swin-T encoder is 27.5M
+parameters times N = 6..24 clients). :func:`conflict_averse_from` takes the local
+and previous parameters and never materialises their difference.
 
 Spec: /work/shared/spec/fedhca2.md §3.2-§3.4 and §8, reference-code.md §1.8-§1.10.
 
@@ -32,6 +34,10 @@ PyTree = Any
 
 _HI = jax.lax.Precision.HIGHEST
 _EPS = 1e-8  # the released code's epsilon, used in three places (see ca_objective)
+# ‖g_w‖² is taken from the Gram matrix as wᵀAw only while
+# (Σ_i w_i‖Δ_i‖)² / wᵀAw is at most this: its float32 error is about that ratio
+# times the Gram matrix's relative accuracy (~1e-7..1e-6), so at most ~1e-5.
+_MAX_GRAM_CANCELLATION = 16.0
 
 
 def _leaves(tree: PyTree) -> list[jax.Array]:
@@ -78,17 +84,88 @@ def _in_unit_interval(x: jax.Array) -> jax.Array:
 # ----------------------------------------------------------------------------
 
 
-def gram(deltas: PyTree) -> jax.Array:
-  """Gram matrix [N, N] of the flattened per-client updates, accumulated per leaf."""
-  leaves = _leaves(deltas)
+# Columns per step of the chunked Gram loop. Large enough that XLA:CPU splits
+# each step's elementwise work over the threads, small enough for the stacked
+# rows of one step to stay in the last-level cache.
+_GRAM_CHUNK = 131072
+_GRAM_CHUNK_SMALL = 8192
+
+
+def _leaf_gram(
+    local: jax.Array, prev: jax.Array | None, probe: jax.Array | None, mix: jax.Array | None
+) -> jax.Array:
+  """Gram matrix of the rows [mix @ (local - prev); probe] of one leaf, [R, R].
+
+  The leaf is read once, in column chunks: each step forms the rows of one
+  chunk and contracts them with themselves, and the partial Grams are summed.
+  Neither the difference nor the row mix is materialised at full size (XLA:CPU
+  cannot fuse them into a dot; a leaf-sized temporary would cost an extra write
+  and read of the leaf, and fresh pages on every call).
+  """
+  x = _flat(local)
+  y = None if prev is None else _flat(prev)
+  v = None if probe is None else jnp.reshape(probe, (1, -1)).astype(jnp.float32)
+  d = x.shape[1]
+  r = x.shape[0] if mix is None else mix.shape[0]
+
+  def gram_of(start: Any, size: int) -> jax.Array:
+    take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)
+    rows = take(x) if y is None else take(x) - take(y)
+    if mix is not None:
+      rows = _dot(mix, rows)
+    if v is not None:
+      rows = jnp.concatenate([rows, take(v)], axis=0)
+    return _dot(rows, rows.T)
+
+  # Mid-sized leaves also loop, over smaller chunks: leaf-sized temporaries
+  # would add up, as XLA keeps many of them alive at once.
+  chunk, steps = _chunking(d, _GRAM_CHUNK if d >= 2 * _GRAM_CHUNK else _GRAM_CHUNK_SMALL)
+  if steps < 2:
+    return gram_of(0, d)
+  acc = jax.lax.fori_loop(
+      0, steps, lambda i, a: a + gram_of(i * chunk, chunk),
+      jnp.zeros((r + (v is not None),) * 2, jnp.float32))
+  tail = d - steps * chunk
+  return acc + gram_of(steps * chunk, tail) if tail else acc
+
+
+def _chunking(d: int, target: int) -> tuple[int, int]:
+  """(chunk, steps) covering d columns: an exact split into chunks of target/2..target
+  columns when one exists (no tail), else `target`-sized chunks plus a tail."""
+  lo = max(1, -(-d // target))
+  for steps in range(lo, 2 * lo + 1):
+    if d % steps == 0:
+      return d // steps, steps
+  return target, d // target
+
+
+def delta_gram(
+    local: PyTree,
+    prev: PyTree | None = None,
+    probe: PyTree | None = None,
+    mix: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+  """Gram matrix of the flattened updates Δ = local - prev (Δ = local if `prev` is None).
+
+  Returns the [N, N] Gram matrix of the rows of Δ, or with `mix` [R, N] the
+  [R, R] Gram matrix of the rows mix @ Δ (e.g. mix = wᵀ gives ‖Σ_i w_i Δ_i‖²
+  without cancellation). With `probe` (one client's structure) also returns the
+  inner products <probe, row> [R] (else None), from the same single read pass
+  over `local` and `prev`. Accumulated leaf by leaf.
+  """
+  leaves = _leaves(local)
   if not leaves:
     raise ValueError("gram: empty pytree")
-  n = leaves[0].shape[0]
-  a = jnp.zeros((n, n), jnp.float32)
-  for leaf in leaves:
-    x = _flat(leaf)
-    a = a + _dot(x, x.T)
-  return a
+  prevs = [None] * len(leaves) if prev is None else _leaves(prev)
+  probes = [None] * len(leaves) if probe is None else _leaves(probe)
+  g = sum(_leaf_gram(x, y, v, mix) for x, y, v in zip(leaves, prevs, probes, strict=True))
+  r = leaves[0].shape[0] if mix is None else mix.shape[0]
+  return g[:r, :r], (None if probe is None else g[r, :r])
+
+
+def gram(deltas: PyTree) -> jax.Array:
+  """Gram matrix [N, N] of the flattened per-client updates, accumulated per leaf."""
+  return delta_gram(deltas)[0]
 
 
 def _sqrt_phi(a: jax.Array, c: float | jax.Array) -> jax.Array:
@@ -288,41 +365,69 @@ def conflict_averse(
     return_aux: bool = False,
 ) -> PyTree | tuple[PyTree, dict[str, Any]]:
   """Conflict-averse update Ũ (one client's structure) from stacked client updates [N, ...]."""
-  leaves = _leaves(deltas)
+  out, aux = conflict_averse_from(deltas, None, c=c, rescale=rescale)
+  return (out, aux) if return_aux else out
+
+
+def conflict_averse_from(
+    local: PyTree,
+    prev: PyTree | None,
+    c: float = 0.4,
+    rescale: bool = True,
+    probe: PyTree | None = None,
+) -> tuple[PyTree, dict[str, Any]]:
+  """:func:`conflict_averse` of Δ = local - prev (Δ = local if `prev` is None), with aux.
+
+  Δ is never materialised. One chunked read pass over `local` and `prev` gives
+  the Gram matrix A (and, with `probe`, aux["probe_dots"] = <probe, Δ_i>, e.g.
+  the α hypergradient's inner products); after the solve, Ũ = Σ_i coef_i Δ_i
+  with coef = (1/N + λ w)·scale is written in one elementwise pass. ‖g_w‖ comes
+  from the Gram matrix when that is accurate (see `_MAX_GRAM_CANCELLATION`), else
+  from one more read pass.
+  """
+  leaves = _leaves(local)
+  prevs = [None] * len(leaves) if prev is None else _leaves(prev)
   n = leaves[0].shape[0]
-  a = gram(deltas)
+  a, probe_dots = delta_gram(local, prev, probe)
   w = solve_ca_dual(a, c)
   sqrt_phi = _sqrt_phi(a, c)
-
-  # Δ̄ and g_w = Σ_i w_i Δ_i in one contraction over the client axis per leaf:
-  # [2, N] @ [N, d] reads the updates once (XLA:CPU's reduce over a leading
-  # axis is several times slower than this matmul).
-  coef = jnp.stack([jnp.full((n,), 1.0 / n, jnp.float32), w.astype(jnp.float32)])
-  both = jax.tree_util.tree_map(
-      lambda x: jnp.tensordot(coef, x.astype(jnp.float32), axes=1, precision=_HI), deltas
-  )
-  mean = jax.tree_util.tree_map(lambda b: b[0], both)
-  gw = jax.tree_util.tree_map(lambda b: b[1], both)
-  # ‖g_w‖ from g_w itself (one client-sized pass, as the released gw.norm()):
-  # sqrt(wᵀAw) cancels catastrophically when the updates conflict and ‖g_w‖ ≪ ‖Δ_i‖.
-  gw_norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in _leaves(gw)))
-  lam = sqrt_phi / (gw_norm + _EPS)
   scale = 1.0 / (1.0 + c**2) if rescale else 1.0
-  out = jax.tree_util.tree_map(
-      lambda m, g, x: ((m + lam * g) * scale).astype(x.dtype), mean, gw, deltas
-  )
-  if not return_aux:
-    return out
+
+  def update(gw_sq: jax.Array) -> tuple[list[jax.Array], jax.Array, jax.Array]:
+    gw_norm = jnp.sqrt(jnp.maximum(gw_sq, 0.0))
+    lam = sqrt_phi / (gw_norm + _EPS)
+    coef = (1.0 / n + lam * w) * scale
+    # Ũ has the dtype of Δ: the deltas' own, or float32 when formed here from local - prev.
+    out = [sum(coef[i] * (x[i].astype(jnp.float32)
+                          - (0.0 if y is None else y[i].astype(jnp.float32)))
+               for i in range(n)).astype(x.dtype if y is None else jnp.float32)
+           for x, y in zip(leaves, prevs)]
+    return out, gw_norm, lam
+
+  # ‖g_w‖² = wᵀAw cancels when the updates conflict (‖g_w‖ ≪ Σ_i w_i‖Δ_i‖), so
+  # it is used only while that ratio is bounded; otherwise ‖g_w‖ is recomputed
+  # from the rows wᵀΔ themselves, as the released gw.norm(). The cond also makes
+  # XLA materialise Ũ once instead of re-deriving it in every consumer (e.g.
+  # inside each row of the personalised update).
+  norms = jnp.sqrt(jnp.maximum(jnp.diag(a), 0.0))  # ‖Δ_i‖
+  gw_sq = _dot(w, _dot(a, w))
+  spread = jnp.square(_dot(w, norms))
+  out, gw_norm, lam = jax.lax.cond(
+      gw_sq * _MAX_GRAM_CANCELLATION >= spread,
+      lambda: update(gw_sq),
+      lambda: update(delta_gram(local, prev, mix=w[None, :])[0][0, 0]))
+  out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(local), out)
 
   # Diagnostics (spec §9.3) from the Gram matrix: <Δ_i, Δ̄> = (A 1/N)_i and
   # <Δ_i, g_w> = (A w)_i, so no extra pass over the N stacked updates.
   dots_mean = jnp.sum(a, axis=1) / n
   dots_ca = (dots_mean + lam * _dot(a, w)) * scale
-  diag = jnp.sqrt(jnp.maximum(jnp.diag(a), 0.0))
-  cos = a / jnp.maximum(jnp.outer(diag, diag), 1e-30)
+  cos = a / jnp.maximum(jnp.outer(norms, norms), 1e-30)
   iu = np.triu_indices(n, 1)
   conflict_rate = jnp.mean((cos[iu] < 0).astype(jnp.float32)) if n > 1 else jnp.float32(0)
-  mean_norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in _leaves(mean)))
+  # ‖Δ̄‖ from the rows Δ̄ (1ᵀA1/N² cancels like wᵀAw); one more read pass, which
+  # XLA drops when this diagnostic is unused.
+  mean_norm = jnp.sqrt(delta_gram(local, prev, mix=jnp.full((1, n), 1.0 / n))[0][0, 0])
   aux = {
       "w": w,
       "objective": ca_objective(w, a, c),
@@ -337,6 +442,7 @@ def conflict_averse(
       "mean_norm": mean_norm,
       # ‖Ũ_prerescale - Δ̄‖/‖Δ̄‖ = λ‖g_w‖/‖Δ̄‖ = c up to the 1e-8 epsilons.
       "dist_ratio": lam * gw_norm / jnp.maximum(mean_norm, 1e-30),
+      "probe_dots": probe_dots,
   }
   return out, aux
 
@@ -378,18 +484,23 @@ def cross_attention(
 # ----------------------------------------------------------------------------
 
 
+def hyper_grad(dots: jax.Array, weight: jax.Array) -> jax.Array:
+  """Released hypergradient -<agg^(r-1), Δθ^(r)> · 1[0 ≤ weight ≤ 1] from the inner products."""
+  return -dots * _in_unit_interval(weight)
+
+
 def _per_row_dot(x: jax.Array, y: jax.Array) -> jax.Array:
   """<x_k, y_k> for stacked x, y [K, ...] -> [K]."""
   return jnp.sum(_flat(x) * _flat(y), axis=1)
 
 
 def alpha_grad(prev_u: PyTree, local_deltas: PyTree, alpha: jax.Array) -> jax.Array:
-  """g_α_i = -<Ũ^(r-1), Δθ_i^(r)> · 1[0 ≤ α_i ≤ 1] (released backward), shape [N]."""
-  dots = None
-  for u, x in zip(_leaves(prev_u), _leaves(local_deltas), strict=True):
-    di = _dot(_flat(x), jnp.reshape(u, (-1,)).astype(jnp.float32))
-    dots = di if dots is None else dots + di
-  return -dots * _in_unit_interval(alpha)
+  """g_α_i = -<Ũ^(r-1), Δθ_i^(r)> · 1[0 ≤ α_i ≤ 1] (released backward), shape [N].
+
+  The inner products come from the Gram pass, as in the rule (which gets them
+  from :func:`conflict_averse_from` as aux["probe_dots"]).
+  """
+  return hyper_grad(delta_gram(local_deltas, probe=prev_u)[1], alpha)
 
 
 def beta_grad(
@@ -401,7 +512,7 @@ def beta_grad(
       _leaves(prev_a), _leaves(local_deltas), _leaves(layer_of_leaf), strict=True
   ):
     g = g.at[:, layer].add(_per_row_dot(pa, x))
-  return -g * _in_unit_interval(beta)
+  return hyper_grad(g, beta)
 
 
 def beta_per_leaf(beta: jax.Array, layer_of_leaf: PyTree) -> PyTree:

@@ -128,28 +128,123 @@ def drop_path(module: nn.Module, x: jax.Array, rate: float, train: bool) -> jax.
   return x * (mask.astype(x.dtype) / jnp.asarray(keep, x.dtype))
 
 
+_SQRT_HALF = float(np.sqrt(0.5))
+
+
+@jax.checkpoint
+def gelu(x: jax.Array) -> jax.Array:
+  """Exact GELU as PyTorch computes it: ``0.5 * x * (1 + erf(x / sqrt(2)))``.
+
+  ``jax.nn.gelu(approximate=False)`` goes through ``erfc``, which XLA expands
+  into exp/select code several times costlier than its ``erf`` polynomial.
+  Checkpointed: the backward pass keeps only ``x`` (which the preceding matmul
+  produced anyway) and recomputes the derivative, instead of the forward pass
+  storing an extra activation-sized derivative for it.
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * _SQRT_HALF))
+
+
 # ---------------------------------------------------------------------------
 # Modules
 # ---------------------------------------------------------------------------
 
 
-def _layer_norm(dtype: Dtype, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=LN_EPS, dtype=dtype, param_dtype=jnp.float32, name=name)
+@jax.custom_vjp
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+  """LayerNorm over the last axis (two-pass variance, like PyTorch), float32 math.
+
+  Returns float32; the backward pass keeps only ``x`` and the per-token
+  mean and 1/std, and evaluates the closed-form gradient in one fused pass.
+  """
+  return _layer_norm_fwd(x, scale, bias)[0]
 
 
-def _dense(features: int, dtype: Dtype, name: str, use_bias: bool = True) -> nn.Dense:
-  return nn.Dense(
-    features,
-    use_bias=use_bias,
-    dtype=dtype,
-    param_dtype=jnp.float32,
-    kernel_init=_dense_init,
-    name=name,
-  )
+def _layer_norm_fwd(x, scale, bias):
+  x = x.astype(jnp.float32)
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  xc = x - mean
+  rstd = jax.lax.rsqrt(jnp.mean(xc * xc, axis=-1, keepdims=True) + LN_EPS)
+  return xc * rstd * scale + bias, (x, mean, rstd, scale)
+
+
+def _layer_norm_bwd(res, g):
+  x, mean, rstd, scale = res
+  g = g.astype(jnp.float32)
+  xhat = (x - mean) * rstd
+  gs = g * scale
+  dx = rstd * (gs - jnp.mean(gs, axis=-1, keepdims=True)
+               - xhat * jnp.mean(gs * xhat, axis=-1, keepdims=True))
+  lead = tuple(range(x.ndim - 1))
+  return dx, jnp.sum(g * xhat, axis=lead), jnp.sum(g, axis=lead)
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class LayerNorm(nn.Module):
+  """PyTorch-style LayerNorm (eps 1e-5) with ``nn.LayerNorm``'s params, output in ``dtype``."""
+
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    c = x.shape[-1]
+    scale = self.param('scale', nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, (c,), jnp.float32)
+    return layer_norm(x, scale, bias).astype(self.dtype)
+
+
+def _layer_norm(dtype: Dtype, name: str) -> LayerNorm:
+  return LayerNorm(dtype, name=name)
+
+
+def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """``x @ kernel`` over the last axis of ``x``, as one 2-D matmul.
+
+  XLA:CPU turns the weight gradient of an N-D ``dot_general`` (several
+  non-contracted leading axes) into a matmul fed by a transposed copy of the
+  output gradient; with the leading axes flattened first it is a plain
+  ``(M, C)^T (M, F)`` matmul. Flattening is free (a bitcast).
+  """
+  y = jnp.dot(x.reshape(-1, x.shape[-1]), kernel)
+  return y.reshape(*x.shape[:-1], kernel.shape[-1])
+
+
+class DenseParams(nn.Module):
+  """The params of a Dense layer (``kernel``, ``bias``; same init as the reference)."""
+
+  features: int
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array | None]:
+    kernel = self.param('kernel', _dense_init, (in_features, self.features), jnp.float32)
+    if not self.use_bias:
+      return kernel, None
+    return kernel, self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32)
+
+
+def dense(x: jax.Array, features: int, dtype: Dtype, name: str,
+          use_bias: bool = True) -> jax.Array:
+  """``nn.Dense`` (same params and ``dtype`` semantics) via :func:`matmul`."""
+  kernel, bias = DenseParams(features, use_bias, name=name)(x.shape[-1])
+  y = matmul(x.astype(dtype), kernel.astype(dtype))
+  return y if bias is None else y + bias.astype(dtype)
 
 
 class WindowAttention(nn.Module):
-  """(Shifted-)window multi-head self-attention with relative position bias."""
+  """(Shifted-)window multi-head self-attention with relative position bias.
+
+  Exact rewrite of the reference (pad -> roll -> partition -> qkv -> attention
+  -> proj -> reverse -> roll back -> crop) that does per-token work on real
+  tokens only. Padded tokens are zeros, so their q/k/v are exactly the qkv
+  bias: the unpadded map is projected, zero-padded, rolled and partitioned,
+  and the bias is added in the window layout (so its gradient is reduced from
+  the windowed gradient without another copy). ``proj`` runs after the crop.
+  Pad, roll, window partition and head split form one copy into the
+  (B * windows * heads, N, head_dim) layout of the batched attention matmuls;
+  the inverse copy (with roll back and crop) feeds ``proj``.
+  """
 
   dim: int
   num_heads: int
@@ -167,24 +262,25 @@ class WindowAttention(nn.Module):
     ws, shift = self.window_size, self.shift_size
     heads, hd = self.num_heads, c // self.num_heads
     n = ws * ws
-
-    # Pad bottom/right only when needed (static shapes: free when aligned).
     pad_b, pad_r = (-h) % ws, (-w) % ws
-    if pad_b or pad_r:
-      x = jnp.pad(x, ((0, 0), (0, pad_b), (0, pad_r), (0, 0)))
     hp, wp = h + pad_b, w + pad_r
-    if shift:
-      x = jnp.roll(x, (-shift, -shift), axis=(1, 2))
+    nh, nw = hp // ws, wp // ws
 
-    # qkv after padding so padded tokens get q/k/v = bias, as the reference.
-    win = window_partition(x, ws)  # B, nW, N, C
-    nw = win.shape[1]
-    qkv = _dense(3 * c, self.dtype, 'qkv', use_bias=self.qkv_bias)(win)
-    qkv = qkv.reshape(b, nw, n, 3, heads, hd)
-    q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
-    q = q * jnp.asarray(hd**-0.5, q.dtype)
+    kernel, qkv_bias = DenseParams(3 * c, self.qkv_bias, name='qkv')(c)
+    qkv = matmul(x.astype(self.dtype), kernel.astype(self.dtype))  # real tokens only
+    if pad_b or pad_r:
+      qkv = jnp.pad(qkv, ((0, 0), (0, pad_b), (0, pad_r), (0, 0)))
+    if shift:
+      qkv = jnp.roll(qkv, (-shift, -shift), axis=(1, 2))
+    # (B, nh, ws, nw, ws, 3, heads, hd) -> (3, B, nh, nw, heads, ws, ws, hd).
+    qkv = qkv.reshape(b, nh, ws, nw, ws, 3, heads, hd).transpose(5, 0, 1, 3, 6, 2, 4, 7)
+    if qkv_bias is not None:
+      qkv = qkv + qkv_bias.astype(self.dtype).reshape(3, 1, 1, 1, heads, 1, 1, hd)
+    qkv = qkv.reshape(3, b * nh * nw * heads, n, hd)
+    q = qkv[0] * jnp.asarray(hd**-0.5, self.dtype)
+    k, v = qkv[1], qkv[2]
     # float32 logits/softmax, like torch.autocast does for softmax.
-    logits = jnp.einsum('bwnhd,bwmhd->bwhnm', q, k, preferred_element_type=jnp.float32)
+    logits = jnp.einsum('bnd,bmd->bnm', q, k, preferred_element_type=jnp.float32)
 
     table = self.param(
       'relative_position_bias_table',
@@ -192,22 +288,22 @@ class WindowAttention(nn.Module):
       ((2 * ws - 1) ** 2, heads),
       jnp.float32,
     )
-    # Tiny gather on a parameter (not on activations); no reshape can replace it.
+    # One tiny gather on the parameter per block, shared by all windows.
     bias = table[_cached_index(ws).reshape(-1)].reshape(n, n, heads).transpose(2, 0, 1)
     if shift:
-      mask = jnp.asarray(_cached_mask(hp, wp, ws, shift))  # nW, N, N
-      bias = bias[None] + mask[:, None]  # nW, heads, N, N
-    logits = logits + bias
+      bias = bias + _cached_mask(hp, wp, ws, shift)[:, None]  # NumPy constant (nW, 1, N, N)
+    logits = logits.reshape(b, nh * nw, heads, n, n) + bias
     attn = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    out = jnp.einsum('bwhnm,bwmhd->bwnhd', attn, v).reshape(b, nw, n, c)
-    out = _dense(c, self.dtype, 'proj')(out)
+    out = jnp.einsum('bnm,bmd->bnd', attn.reshape(-1, n, n), v)
 
-    out = window_reverse(out, ws, hp, wp)
+    # (B, nh, nw, heads, ws, ws, hd) -> (B, Hp, Wp, C), heads-major channels.
+    out = out.reshape(b, nh, nw, heads, ws, ws, hd).transpose(0, 1, 4, 2, 5, 3, 6)
+    out = out.reshape(b, hp, wp, c)
     if shift:
       out = jnp.roll(out, (shift, shift), axis=(1, 2))
     if pad_b or pad_r:
       out = out[:, :h, :w, :]
-    return out
+    return dense(out, c, self.dtype, 'proj')
 
 
 class Mlp(nn.Module):
@@ -219,9 +315,9 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     c = x.shape[-1]
-    x = _dense(self.hidden, self.dtype, 'fc1')(x)
-    x = nn.gelu(x, approximate=False)
-    return _dense(c, self.dtype, 'fc2')(x)
+    x = dense(x, self.hidden, self.dtype, 'fc1')
+    x = gelu(x)
+    return dense(x, c, self.dtype, 'fc2')
 
 
 class SwinBlock(nn.Module):
@@ -264,11 +360,11 @@ class PatchMerging(nn.Module):
     x = x.reshape(b, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4)
     x = x.reshape(b, h // 2, w // 2, 4 * c)
     x = _layer_norm(self.dtype, 'norm')(x)
-    return _dense(2 * c, self.dtype, 'reduction', use_bias=False)(x)
+    return dense(x, 2 * c, self.dtype, 'reduction', use_bias=False)
 
 
 class PatchConv(nn.Module):
-  """Non-overlapping patch conv as reshape + einsum (kernel HWIO like nn.Conv)."""
+  """Non-overlapping patch conv as space-to-depth + matmul (kernel HWIO like nn.Conv)."""
 
   features: int
   patch_size: int
@@ -280,8 +376,10 @@ class PatchConv(nn.Module):
     p = self.patch_size
     kernel = self.param('kernel', _conv_init, (p, p, c, self.features), jnp.float32)
     bias = self.param('bias', _torch_bias_init(p * p * c), (self.features,), jnp.float32)
-    x = x.reshape(b, h // p, p, w // p, p, c)
-    y = jnp.einsum('bhpwqc,pqco->bhwo', x.astype(self.dtype), kernel.astype(self.dtype))
+    # (b, h/p, p, w/p, p, c) -> (b, h/p, w/p, p * p * c) in the kernel's (p, q, c) order.
+    x = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+    x = x.reshape(b, h // p, w // p, p * p * c).astype(self.dtype)
+    y = matmul(x, kernel.reshape(p * p * c, self.features).astype(self.dtype))
     return y + bias.astype(self.dtype)
 
 
