@@ -5,6 +5,7 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --variant=smoke --repeats=2
     python scripts/bench.py --only=hca2           # FedHCA2 aggregation at paper scale
     python scripts/bench.py --only=swin           # Swin-T local step, 128 and 224, batch 8
+    python scripts/bench.py --only=swin_memory    # Swin-T step memory at 512, fp32/bf16 x remat
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import resource
 import sys
@@ -192,31 +194,40 @@ def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) ->
           'peak_memory_mb': peak_memory_mb()}
 
 
-def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
-                    encoder: str = 'swin_t') -> dict:
-  """Local training step (forward + backward + AdamW) of `encoder` + one decoder/head."""
+def _swin_task(encoder: str, dtype=jnp.float32, remat: bool = False):
+  """(init, loss_fn, step) of a local step: `encoder` + one decoder/head (21 classes), AdamW."""
   import optax
   from fedjax_mtl.models import get_encoder
   from fedjax_mtl.models.multitask import MultiTaskNet
-  model = MultiTaskNet(get_encoder(encoder), (21,), train=True)
-  x = jnp.zeros((batch, resolution, resolution, 3), jnp.float32)
-  y = jnp.zeros((batch, resolution, resolution), jnp.int32)
-  variables = jax.jit(lambda k: model.init({'params': k, 'dropout': k}, x[:1]))(
-      jax.random.PRNGKey(0))
+  model = MultiTaskNet(get_encoder(encoder, dtype=dtype, remat=remat), (21,), train=True,
+                       dtype=dtype)
   tx = optax.adamw(1e-4)
-  opt = tx.init(variables['params'])
+
+  def init(key, x):
+    variables = model.init({'params': key, 'dropout': key}, x[:1])
+    return variables['params'], variables['batch_stats'], tx.init(variables['params'])
+
+  def loss_fn(params, bs, x, y, key):
+    out, st = model.apply({'params': params, 'batch_stats': bs}, x, rngs={'dropout': key},
+                          mutable=['batch_stats'])
+    return optax.softmax_cross_entropy_with_integer_labels(out[0], y).mean(), st
 
   def step(params, bs, opt, x, y, key):
-    def loss_fn(p):
-      out, st = model.apply({'params': p, 'batch_stats': bs}, x, rngs={'dropout': key},
-                            mutable=['batch_stats'])
-      return optax.softmax_cross_entropy_with_integer_labels(out[0], y).mean(), st
-    (loss, st), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss, st), g = jax.value_and_grad(loss_fn, has_aux=True)(params, bs, x, y, key)
     upd, opt = tx.update(g, opt, params)
     return optax.apply_updates(params, upd), st['batch_stats'], opt, loss
 
+  return init, loss_fn, step
+
+
+def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
+                    encoder: str = 'swin_t') -> dict:
+  """Local training step (forward + backward + AdamW) of `encoder` + one decoder/head."""
+  init, _, step = _swin_task(encoder)
+  x = jnp.zeros((batch, resolution, resolution, 3), jnp.float32)
+  y = jnp.zeros((batch, resolution, resolution), jnp.int32)
+  args = list(jax.jit(init)(jax.random.PRNGKey(0), x))
   f = jax.jit(step, donate_argnums=(0, 1, 2))
-  args = [variables['params'], variables['batch_stats'], opt]
   t0 = time.perf_counter()
   c = f.lower(*args, x, y, jax.random.PRNGKey(1)).compile()
   compile_s = time.perf_counter() - t0
@@ -231,11 +242,84 @@ def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
           'images_per_s': batch / dt}
 
 
+def bench_swin_memory(resolution: int = 512, batch: int = 8, encoder: str = 'swin_t') -> dict:
+  """Memory of one client's local step (as `bench_swin_step`), fp32/bf16 x remat; nothing runs.
+
+  Per variant, in GiB:
+  * `activations`: the values JAX keeps for the backward pass (the memory remat
+    trades for recompute), summed over the step's saved residuals minus its
+    arguments. Backend-independent.
+  * `temp` (and `args`, `outputs`): XLA's buffer assignment of the compiled
+    step, `jit(step).lower(...).compile().memory_analysis()`: peak temporary
+    memory on top of the donated params/optimizer state. Compiled with the
+    `cse_barrier_expander` pass disabled: XLA:CPU otherwise drops the
+    optimization barriers of `jax.checkpoint` before CSE, which folds the
+    recomputation back into the forward pass (remat is a no-op on CPU; GPU and
+    TPU keep the barriers). XLA:CPU computes bf16 through float32 copies, so
+    its bf16 `temp` overstates an accelerator's; `activations` does not.
+  """
+  from jax._src.ad_checkpoint import saved_residuals
+  x = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
+  y = jax.ShapeDtypeStruct((batch, resolution, resolution), jnp.int32)
+  key = jax.random.PRNGKey(1)
+  out = {'encoder': encoder, 'resolution': resolution, 'batch': batch}
+  for dtype in (jnp.float32, jnp.bfloat16):
+    for remat in (False, True):
+      init, loss_fn, step = _swin_task(encoder, dtype, remat)
+      params, bs, opt = jax.eval_shape(init, key, x)
+      res = saved_residuals(lambda *a: loss_fn(*a, key)[0], params, bs, x, y)
+      activations = sum(a.size * a.dtype.itemsize for a, src in res
+                        if not src.startswith('from the argument'))
+      mem = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, bs, opt, x, y, key).compile(
+          compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}).memory_analysis()
+      name = f'{jnp.dtype(dtype).name}{"_remat" if remat else ""}'
+      out.update({f'{name}_activations_gib': activations / 2**30,
+                  f'{name}_temp_gib': mem.temp_size_in_bytes / 2**30,
+                  f'{name}_args_gib': mem.argument_size_in_bytes / 2**30,
+                  f'{name}_outputs_gib': mem.output_size_in_bytes / 2**30})
+  return out
+
+
+
+def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
+                   workers: int = 2) -> dict:
+  """Training input pipeline alone: the engine's chunk source at `size`², all PASCAL tasks.
+
+  One client of in-memory PASCAL-sized samples (375×500, 5 tasks) through
+  `data.real.TrainChunks` (scale, crop with cat_max_ratio, flip, photometric
+  distortion, normalise, pad, ignore regions, stacking): images per CPU second
+  in this process (workers=0), and images per wall second with `workers`
+  grain processes.
+  """
+  from fedjax_mtl.data import pipeline, real
+  from fedjax_mtl.data import transforms as T
+  source = pipeline.synthetic_pascal_source(16, (375, 500), 0)
+  n = num_chunks * 2 * batch
+  spec = real.GroupFeedSpec(dataset='pascal', client_ids=(0,), num_total=1, counts=(n,),
+                            epochs=1, batch_size=batch, chunk_steps=2,
+                            keys=('semseg', 'human_parts', 'sal', 'normals', 'edge'))
+  client = [source[i % len(source)] for i in range(n)]
+  chunks = real.TrainChunks([spec], [[client]], 2,
+                            {'pascal': (size, size)}, 0,
+                            {'pascal': T.train_transforms((size, size))})
+  chunks[0]  # warm-up (first allocations)
+  c0 = time.process_time()
+  for i in range(num_chunks):
+    chunks[num_chunks + i]
+  per_cpu = n / (time.process_time() - c0)
+  t0 = time.perf_counter()
+  count = sum(int(el['mask'].sum()) * batch
+              for el in real.iterate(chunks, 0, workers=workers))
+  return {'size': size, 'batch': batch, 'images_per_cpu_s': per_cpu,
+          f'images_per_s_{workers}_workers': count / (time.perf_counter() - t0),
+          'cpu_count': os.cpu_count()}
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--variant', default='default', help="config variant: default|smoke|paper")
   p.add_argument('--repeats', type=int, default=3)
-  p.add_argument('--only', default='all', choices=['engine', 'hca2', 'swin', 'all'])
+  p.add_argument('--only', default='all', choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'all'])
   p.add_argument('--json', default='', help='also write the results to this file')
   a = p.parse_args(argv)
   dev = jax.devices()[0]
@@ -243,12 +327,16 @@ def main(argv=None):
              'jax': jax.__version__, 'python': platform.python_version()}
   if a.only in ('engine', 'all'):
     results['engine'] = bench_engine(a.variant, a.repeats)
+  if a.only in ('pipeline', 'all'):
+    results['pipeline'] = bench_pipeline()
   if a.only in ('hca2', 'all'):
     results['hca2'] = bench_hca2(repeats=a.repeats)
   if a.only in ('swin', 'all'):
     for res in (128, 224):
       results[f'swin_t_{res}'] = bench_swin_step(res, repeats=a.repeats)
-  for part in ('engine', 'hca2', 'swin_t_128', 'swin_t_224'):
+  if a.only == 'swin_memory':  # not in 'all': four compiles at 512x512
+    results['swin_memory'] = bench_swin_memory()
+  for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from fedjax_mtl.models import convert, swin
+from fedjax_mtl.models import convert, decoder, swin
 
 # XLA:CPU compile time dominates these tests; LLVM -O0 compiles ~3x faster and
 # does not change results. Every test jits (eager op-by-op compiles are slower).
@@ -282,16 +282,24 @@ def _jit_apply(model):
 _small_fwd = _jit_apply(SMALL_MODEL)
 
 
+# XLA:CPU expands jax.checkpoint's optimization barriers before CSE, which then
+# folds the recomputation back into the forward pass; keeping the pass off makes
+# the remat step really recompute, as on GPU/TPU.
+_KEEP_REMAT = {'xla_backend_optimization_level': 0, 'xla_disable_hlo_passes': 'cse_barrier_expander'}
+
+
 @functools.cache
 def _small_train_step(remat: bool):
-  """Jitted value_and_grad of a train=True forward; shared by the drop-path and remat tests."""
+  """Compiled value_and_grad of a train=True forward; shared by the drop-path and remat tests."""
   model = swin.SwinTransformer(**SMALL, remat=remat)
 
   def loss(p, x, r):
     outs = model.apply({'params': p}, x, train=True, rngs={'dropout': r})
     return sum(jnp.sum(o**2) for o in outs), outs
 
-  return _jit(jax.value_and_grad(loss, has_aux=True))
+  _, params, x = _small_setup()
+  return jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(
+    params, x, jax.random.key(0)).compile(compiler_options=_KEEP_REMAT)
 
 
 def test_drop_path_uses_dropout_rng():
@@ -330,8 +338,12 @@ def test_drop_path_is_per_sample_and_rescaled():
 def test_remat_matches_plain():
   _, params, x = _small_setup()
   rng = jax.random.key(3)
-  (l1, o1), g1 = _small_train_step(False)(params, x, rng)
-  (l2, o2), g2 = _small_train_step(True)(params, x, rng)
+  plain, remat = _small_train_step(False), _small_train_step(True)
+  assert remat.as_text().count('opt-barrier') > plain.as_text().count('opt-barrier')
+  assert (remat.memory_analysis().temp_size_in_bytes
+          < plain.memory_analysis().temp_size_in_bytes)
+  (l1, o1), g1 = plain(params, x, rng)
+  (l2, o2), g2 = remat(params, x, rng)  # same drop-path masks in the recomputation
   np.testing.assert_allclose(np.asarray(o1[0]), np.asarray(o2[0]), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(float(l1), float(l2), rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5), g1, g2)
@@ -349,6 +361,49 @@ def test_bf16_compute_keeps_float32_params():
   assert np.all(np.isfinite(np.asarray(out16, np.float32)))
   err = np.abs(np.asarray(out16, np.float32) - np.asarray(out32))
   assert err.mean() < 0.05 * np.abs(np.asarray(out32)).mean()
+
+  def grads(model):
+    loss = lambda p: sum(jnp.sum(o.astype(jnp.float32) ** 2) for o in model.apply({'params': p}, x, train=False))
+    return jax.tree.leaves(_jit(jax.grad(loss))(params))
+
+  g16, g32 = grads(model16), grads(SMALL_MODEL)
+  assert {g.dtype for g in g16} == {jnp.dtype(jnp.float32)}
+  flat16, flat32 = (np.concatenate([np.ravel(g) for g in gs]) for gs in (g16, g32))
+  assert np.linalg.norm(flat16 - flat32) < 0.05 * np.linalg.norm(flat32)
+
+
+def test_layer_norm_float32_statistics_and_gradient():
+  rng = np.random.default_rng(6)
+  # A large common offset: single-pass (E[x^2] - E[x]^2) or bf16 statistics lose it.
+  x = (1000.0 + rng.standard_normal((3, 5, 16))).astype(np.float32)
+  g, b = 1 + 0.1 * rng.standard_normal(16), 0.1 * rng.standard_normal(16)
+  x64 = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)
+  want = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * g + b
+  args = [jnp.asarray(v, jnp.float32) for v in (g, b)]
+  got = _jit(swin.layer_norm)(jnp.asarray(x, jnp.bfloat16), *args)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+  def reference(x, g, b):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
+
+  w = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+  xs = jnp.asarray(rng.standard_normal(x.shape) * 3 + 1, jnp.float32)
+  grad = lambda f: _jit(jax.grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1, 2)))(xs, *args)
+  for u, v in zip(grad(swin.layer_norm), grad(reference)):
+    np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_and_gelu_match_reference_derivatives():
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(rng.standard_normal((6, 49)) * 4, jnp.float32)
+  w = jnp.asarray(rng.standard_normal((6, 49)), jnp.float32)
+  for ours, ref in ((swin.softmax, lambda v: jax.nn.softmax(v, axis=-1)),
+                    (swin.gelu, lambda v: jax.nn.gelu(v, approximate=False))):
+    np.testing.assert_allclose(np.asarray(_jit(ours)(x)), np.asarray(ref(x)), rtol=1e-5, atol=1e-6)
+    g1, g2 = (_jit(jax.grad(lambda v, f=f: jnp.sum(f(v) * w)))(x) for f in (ours, ref))
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-5, atol=1e-5)
 
 
 def _lowered_text(model, hw):
@@ -374,3 +429,50 @@ def test_factories_accept_overrides():
   assert swin.get_model('swin_nano').dims == (16, 32, 64, 128)
   with pytest.raises(ValueError, match='unknown Swin model'):
     swin.get_model('swin_xl')
+
+
+# ---------------------------------------------------------------------------
+# Decoder and head: exact algebraic rewrites vs the layer-by-layer reference
+# ---------------------------------------------------------------------------
+
+
+def _perturbed(variables, seed):
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda v: v + 0.2 * rng.standard_normal(v.shape).astype(np.float32), variables)
+
+
+def test_head_matches_layer_by_layer_reference():
+  x = np.random.default_rng(8).standard_normal((2, 3, 5, 16)).astype(np.float32)
+  head = decoder.Head(16, 5)
+  p = _perturbed(head.init(jax.random.key(0), x), 9)['params']
+  assert {k: v['kernel'].shape for k, v in p.items()} == {
+    'up_0': (16, 2, 2, 8), 'up_1': (8, 2, 2, 4), 'out': (4, 5)}
+
+  def conv_transpose(v, layer):  # PyTorch ConvTranspose2d(k=2, s=2), NHWC
+    y = np.einsum('bhwc,cijf->bhiwjf', v, np.asarray(layer['kernel'], np.float64))
+    b, h, _, w, _, f = y.shape
+    return y.reshape(b, 2 * h, 2 * w, f) + np.asarray(layer['bias'])
+
+  y = conv_transpose(conv_transpose(x.astype(np.float64), p['up_0']), p['up_1'])
+  want = y @ np.asarray(p['out']['kernel'], np.float64) + np.asarray(p['out']['bias'])
+  got = _jit(head.apply)({'params': p}, x)
+  assert got.shape == (2, 12, 20, 5) and got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_decoder_matches_concat_reference():
+  rng = np.random.default_rng(10)
+  feats = [rng.standard_normal((2, 8 // 2**s, 12 // 2**s, 8 * 2**s)).astype(np.float32) for s in range(4)]
+  dec = decoder.Decoder(8)
+  v = _perturbed(dec.init(jax.random.key(0), feats), 11)
+  v['batch_stats']['fuse_bn']['var'] = jnp.abs(v['batch_stats']['fuse_bn']['var']) + 0.5
+  p, stats = v['params'], v['batch_stats']['fuse_bn']
+  ups = []
+  for s, f in enumerate(feats):
+    y = f @ np.asarray(p[f'linear_{s}']['kernel']) + np.asarray(p[f'linear_{s}']['bias'])
+    ups.append(np.asarray(jax.image.resize(y, (2, 8, 12, 8), 'linear')))  # half-pixel, like torch
+  y = np.concatenate(ups, -1) @ np.asarray(p['fuse_conv']['kernel']) + np.asarray(p['fuse_conv']['bias'])
+  y = (y - stats['mean']) / np.sqrt(stats['var'] + 1e-5) * p['fuse_bn']['scale'] + p['fuse_bn']['bias']
+  want = np.where(y > 0, y, 0.01 * y)
+  got = _jit(dec.apply)(v, feats)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)

@@ -23,9 +23,26 @@ load directly (see :mod:`fedjax_mtl.models.convert`):
   are not multiples), NHWC.
 
 Mixed precision: parameters are always float32; ``dtype`` is the compute dtype
-of matmuls, LayerNorm outputs and attention. The residual stream, attention
-logits/softmax and the stochastic-depth rescale stay in float32, mirroring
-``torch.autocast`` (which keeps the residual adds and softmax in float32).
+of matmuls, LayerNorm outputs and attention. The residual stream, LayerNorm
+statistics, attention logits/softmax and the stochastic-depth rescale stay in
+float32, mirroring ``torch.autocast`` (which keeps the residual adds, layer
+norms and softmax in float32).
+
+Speed (exact rewrites of the reference, identical up to float rounding):
+per-token layers (qkv, proj, MLP, norms) run on real tokens only, never on
+window padding; every Dense is one 2-D matmul (:func:`matmul`); the window
+layout costs one copy in and one out per block; GELU uses ``erf``; LayerNorm
+and softmax have hand-written derivatives that keep only what they need.
+
+Memory: ``remat=True`` rematerialises every block (``nn.remat`` of
+:class:`SwinBlock`): the backward pass keeps only each block's input and
+recomputes the block's forward, about one extra encoder forward pass. Per block
+beats per stage, which holds a whole stage's activations while recomputing it
+(Swin-T, 512x512, batch 8: ~0.64 GiB saved activations per block vs ~4.9 GiB
+without remat; see ``scripts/bench.py --only=swin_memory``). XLA:CPU drops the
+optimisation barriers remat relies on unless compiled with
+``compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}``, so on
+CPU the option only takes effect with that setting; GPU and TPU honour it.
 """
 
 from __future__ import annotations
@@ -102,20 +119,23 @@ _cached_mask = functools.lru_cache(maxsize=64)(shifted_window_mask)
 _cached_index = functools.lru_cache(maxsize=16)(relative_position_index)
 
 
-def window_partition(x: jax.Array, window_size: int) -> jax.Array:
-  """(B, H, W, C) -> (B, num_windows, w*w, C); H and W must be multiples of w."""
-  b, h, wd, c = x.shape
-  w = window_size
-  x = x.reshape(b, h // w, w, wd // w, w, c).transpose(0, 1, 3, 2, 4, 5)
-  return x.reshape(b, (h // w) * (wd // w), w * w, c)
+@jax.custom_jvp
+def softmax(x: jax.Array) -> jax.Array:
+  """Softmax over the last axis whose derivative keeps only the output.
+
+  (``jax.nn.softmax`` differentiates through exp/sum/div unless the
+  ``jax_softmax_custom_jvp`` flag is set, keeping the unnormalised
+  exponentials as an extra logits-sized activation.)
+  """
+  e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+  return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-def window_reverse(windows: jax.Array, window_size: int, height: int, width: int) -> jax.Array:
-  """Inverse of :func:`window_partition`: (B, nW, w*w, C) -> (B, H, W, C)."""
-  b, _, _, c = windows.shape
-  w = window_size
-  x = windows.reshape(b, height // w, width // w, w, w, c).transpose(0, 1, 3, 2, 4, 5)
-  return x.reshape(b, height, width, c)
+@softmax.defjvp
+def _softmax_jvp(primals: tuple[jax.Array], tangents: tuple[jax.Array]):
+  (x,), (dx,) = primals, tangents
+  y = softmax(x)
+  return y, y * (dx - jnp.sum(y * dx, axis=-1, keepdims=True))
 
 
 def drop_path(module: nn.Module, x: jax.Array, rate: float, train: bool) -> jax.Array:
@@ -192,10 +212,6 @@ class LayerNorm(nn.Module):
     scale = self.param('scale', nn.initializers.ones, (c,), jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, (c,), jnp.float32)
     return layer_norm(x, scale, bias).astype(self.dtype)
-
-
-def _layer_norm(dtype: Dtype, name: str) -> LayerNorm:
-  return LayerNorm(dtype, name=name)
 
 
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -293,7 +309,7 @@ class WindowAttention(nn.Module):
     if shift:
       bias = bias + _cached_mask(hp, wp, ws, shift)[:, None]  # NumPy constant (nW, 1, N, N)
     logits = logits.reshape(b, nh * nw, heads, n, n) + bias
-    attn = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    attn = softmax(logits).astype(self.dtype)
     out = jnp.einsum('bnm,bmd->bnd', attn.reshape(-1, n, n), v)
 
     # (B, nh, nw, heads, ws, ws, hd) -> (B, Hp, Wp, C), heads-major channels.
@@ -334,13 +350,13 @@ class SwinBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
-    y = _layer_norm(self.dtype, 'norm1')(x)
+    y = LayerNorm(self.dtype, name='norm1')(x)
     y = WindowAttention(
       self.dim, self.num_heads, self.window_size, self.shift_size, self.qkv_bias,
       self.dtype, name='attn',
     )(y)
     x = x + drop_path(self, y.astype(x.dtype), self.drop_path_rate, train)
-    y = _layer_norm(self.dtype, 'norm2')(x)
+    y = LayerNorm(self.dtype, name='norm2')(x)
     y = Mlp(int(self.dim * self.mlp_ratio), self.dtype, name='mlp')(y)
     return x + drop_path(self, y.astype(x.dtype), self.drop_path_rate, train)
 
@@ -359,7 +375,7 @@ class PatchMerging(nn.Module):
     # (b, h/2, ki, w/2, kj, c) -> (b, h/2, w/2, c, ki, kj): index c*4 + ki*2 + kj.
     x = x.reshape(b, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4)
     x = x.reshape(b, h // 2, w // 2, 4 * c)
-    x = _layer_norm(self.dtype, 'norm')(x)
+    x = LayerNorm(self.dtype, name='norm')(x)
     return dense(x, 2 * c, self.dtype, 'reduction', use_bias=False)
 
 
@@ -398,7 +414,7 @@ class PatchEmbed(nn.Module):
     if pad_b or pad_r:
       x = jnp.pad(x, ((0, 0), (0, pad_b), (0, pad_r), (0, 0)))
     x = PatchConv(self.embed_dim, p, self.dtype, name='proj')(x)
-    return _layer_norm(self.dtype, 'norm')(x)
+    return LayerNorm(self.dtype, name='norm')(x)
 
 
 class SwinStage(nn.Module):
@@ -486,7 +502,7 @@ class SwinTransformer(nn.Module):
         name=f'stages_{i}',
       )(x, train)
       start += self.depths[i]
-      outs.append(_layer_norm(self.dtype, f'norm{i}')(out))
+      outs.append(LayerNorm(self.dtype, name=f'norm{i}')(out))
     return outs
 
 
@@ -558,6 +574,6 @@ def param_shapes(model: SwinTransformer) -> Any:
 __all__ = [
   'SwinTransformer', 'SwinBlock', 'SwinStage', 'WindowAttention', 'PatchMerging',
   'PatchEmbed', 'Mlp', 'relative_position_index', 'shifted_window_mask',
-  'window_partition', 'window_reverse', 'drop_path', 'swin_t', 'swin_s', 'swin_b',
+  'drop_path', 'swin_t', 'swin_s', 'swin_b',
   'swin_micro', 'swin_nano', 'MODELS', 'get_model', 'param_shapes',
 ]
