@@ -285,7 +285,8 @@ _small_fwd = _jit_apply(SMALL_MODEL)
 # XLA:CPU expands jax.checkpoint's optimization barriers before CSE, which then
 # folds the recomputation back into the forward pass; keeping the pass off makes
 # the remat step really recompute, as on GPU/TPU.
-_KEEP_REMAT = {'xla_backend_optimization_level': 0, 'xla_disable_hlo_passes': 'cse_barrier_expander'}
+_KEEP_REMAT = {'xla_backend_optimization_level': 0,
+               'xla_disable_hlo_passes': 'cse_barrier_expander'}
 
 
 @functools.cache
@@ -363,7 +364,9 @@ def test_bf16_compute_keeps_float32_params():
   assert err.mean() < 0.05 * np.abs(np.asarray(out32)).mean()
 
   def grads(model):
-    loss = lambda p: sum(jnp.sum(o.astype(jnp.float32) ** 2) for o in model.apply({'params': p}, x, train=False))
+    def loss(p):
+      outs = model.apply({'params': p}, x, train=False)
+      return sum(jnp.sum(o.astype(jnp.float32) ** 2) for o in outs)
     return jax.tree.leaves(_jit(jax.grad(loss))(params))
 
   g16, g32 = grads(model16), grads(SMALL_MODEL)
@@ -438,7 +441,8 @@ def test_factories_accept_overrides():
 
 def _perturbed(variables, seed):
   rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda v: v + 0.2 * rng.standard_normal(v.shape).astype(np.float32), variables)
+  return jax.tree.map(
+    lambda v: v + 0.2 * rng.standard_normal(v.shape).astype(np.float32), variables)
 
 
 def test_head_matches_layer_by_layer_reference():
@@ -462,7 +466,8 @@ def test_head_matches_layer_by_layer_reference():
 
 def test_decoder_matches_concat_reference():
   rng = np.random.default_rng(10)
-  feats = [rng.standard_normal((2, 8 // 2**s, 12 // 2**s, 8 * 2**s)).astype(np.float32) for s in range(4)]
+  feats = [rng.standard_normal((2, 8 // 2**s, 12 // 2**s, 8 * 2**s)).astype(np.float32)
+           for s in range(4)]
   dec = decoder.Decoder(8)
   v = _perturbed(dec.init(jax.random.key(0), feats), 11)
   v['batch_stats']['fuse_bn']['var'] = jnp.abs(v['batch_stats']['fuse_bn']['var']) + 0.5
@@ -471,8 +476,10 @@ def test_decoder_matches_concat_reference():
   for s, f in enumerate(feats):
     y = f @ np.asarray(p[f'linear_{s}']['kernel']) + np.asarray(p[f'linear_{s}']['bias'])
     ups.append(np.asarray(jax.image.resize(y, (2, 8, 12, 8), 'linear')))  # half-pixel, like torch
-  y = np.concatenate(ups, -1) @ np.asarray(p['fuse_conv']['kernel']) + np.asarray(p['fuse_conv']['bias'])
-  y = (y - stats['mean']) / np.sqrt(stats['var'] + 1e-5) * p['fuse_bn']['scale'] + p['fuse_bn']['bias']
+  y = np.concatenate(ups, -1) @ np.asarray(p['fuse_conv']['kernel'])
+  y = y + np.asarray(p['fuse_conv']['bias'])
+  y = (y - stats['mean']) / np.sqrt(stats['var'] + 1e-5)
+  y = y * p['fuse_bn']['scale'] + p['fuse_bn']['bias']
   want = np.where(y > 0, y, 0.01 * y)
   got = _jit(dec.apply)(v, feats)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)

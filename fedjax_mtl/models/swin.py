@@ -37,12 +37,14 @@ and softmax have hand-written derivatives that keep only what they need.
 Memory: ``remat=True`` rematerialises every block (``nn.remat`` of
 :class:`SwinBlock`): the backward pass keeps only each block's input and
 recomputes the block's forward, about one extra encoder forward pass. Per block
-beats per stage, which holds a whole stage's activations while recomputing it
-(Swin-T, 512x512, batch 8: ~0.64 GiB saved activations per block vs ~4.9 GiB
-without remat; see ``scripts/bench.py --only=swin_memory``). XLA:CPU drops the
-optimisation barriers remat relies on unless compiled with
-``compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}``, so on
-CPU the option only takes effect with that setting; GPU and TPU honour it.
+beats per stage (which holds a whole stage's activations while recomputing it)
+and a save-the-matmuls policy (which keeps half the activations). Swin-T with a
+decoder/head at 512x512, batch 8: 5.2 GiB of activations kept for the backward
+pass, 0.98 GiB with remat (``scripts/bench.py --only=swin_memory``). XLA:CPU
+drops the optimisation barriers remat relies on, and CSE then folds the
+recomputation back into the forward pass, unless compiled with
+``compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}``; GPU
+and TPU keep them.
 """
 
 from __future__ import annotations
