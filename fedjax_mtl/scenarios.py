@@ -91,16 +91,27 @@ def select_tasks(blocks: list[tuple], tasks: str) -> list[tuple]:
   return out
 
 
-def build_clients(config, train_labels: dict[str, dict[str, np.ndarray]] | None = None,
-                  num_train: dict[str, int] | None = None, *,
-                  parts_filter: Callable[[str, np.ndarray], np.ndarray] | None = None
-                  ) -> list[ClientSpec]:
+PartsFilter = Callable[[str, np.ndarray], np.ndarray]
+
+
+def label_parts_filter(train_labels: dict[str, dict[str, np.ndarray]]) -> PartsFilter:
+  """`filter(dataset, indices) -> kept`: the images whose human_parts labels are not all ignore."""
+  def keep(dataset: str, idx: np.ndarray) -> np.ndarray:
+    parts = train_labels[dataset].get('human_parts')
+    if parts is None:
+      return idx
+    return idx[np.any(parts[idx] != IGNORE, axis=(1, 2))]
+  return keep
+
+
+def build_clients(config, num_train: dict[str, int], *,
+                  parts_filter: PartsFilter | None = None) -> list[ClientSpec]:
   """Client specs for `config.scenario` with disjoint random equal train splits.
 
   `num_train` maps dataset -> train set size. Human_parts-only clients keep
-  only images with humans (`config.parts_clients_humans_only`), decided by
-  `parts_filter(dataset, indices) -> kept indices` or, without it, from the
-  per-dataset label arrays `train_labels`.
+  only the images `parts_filter(dataset, indices)` returns
+  (`config.parts_clients_humans_only`; e.g. `label_parts_filter`, or the
+  real-data cache's human flags).
   """
   blocks = select_tasks(layout(config.scenario), config.get('tasks', ''))
   rs = np.random.RandomState(config.split_seed)
@@ -134,12 +145,9 @@ def build_clients(config, train_labels: dict[str, dict[str, np.ndarray]] | None 
       epochs = int(epochs_cfg.get(dataset, DATASETS[dataset].default_local_epochs))
       for i, (tasks, drawn) in enumerate(zip(owners, chunks)):
         idx = drawn
-        if tasks == ('human_parts',) and config.get('parts_clients_humans_only', True):
-          if parts_filter is not None:
-            idx = parts_filter(dataset, drawn)
-          elif train_labels is not None and 'human_parts' in train_labels[dataset]:
-            has_h = np.any(train_labels[dataset]['human_parts'][idx] != IGNORE, axis=(1, 2))
-            idx = idx[has_h]
+        if (tasks == ('human_parts',) and parts_filter is not None
+            and config.get('parts_clients_humans_only', True)):
+          idx = parts_filter(dataset, drawn)
         idx = np.sort(idx)
         if len(idx) < config.batch_size:
           raise ConfigError(

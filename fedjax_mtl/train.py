@@ -50,11 +50,15 @@ def _synthetic(domain, split, n, resolution, seed):
   return synthetic.generate(domain, split, n, resolution, seed)
 
 
+def _datasets(config) -> list[str]:
+  """The datasets the scenario's clients use."""
+  return sorted({b[0] for b in scenarios.layout(config.scenario)})
+
+
 def load_data(config) -> dict[str, dict[str, dict[str, np.ndarray]]]:
   """Synthetic train/test arrays per dataset used by the scenario."""
-  datasets = sorted({b[0] for b in scenarios.layout(config.scenario)})
   out = {}
-  for d in datasets:
+  for d in _datasets(config):
     res = tuple(config.data.resolution[d])
     out[d] = {split: _synthetic(d, split, int(config.data[f'num_{split}'][d]), res,
                                 int(config.data.seed))
@@ -142,15 +146,14 @@ def _build(config) -> Experiment:
   encoder = get_encoder(config.model.encoder, dtype=dtype, **model_kw)
   if config.data.source == 'real':
     data = {}
-    datasets = sorted({b[0] for b in scenarios.layout(config.scenario)})
-    num_train = {d: len(real.open_split(config, d, 'train', tasks=())) for d in datasets}
-    clients = scenarios.build_clients(config, num_train=num_train,
-                                      parts_filter=real.parts_filter(config))
+    num_train = {d: len(real.open_split(config, d, 'train', tasks=()))
+                 for d in _datasets(config)}
+    parts_filter = real.parts_filter(config)
   else:
     data = load_data(config)
     num_train = {d: len(v['train']['image']) for d, v in data.items()}
-    labels = {d: v['train'] for d, v in data.items()}
-    clients = scenarios.build_clients(config, labels, num_train)
+    parts_filter = scenarios.label_parts_filter({d: v['train'] for d, v in data.items()})
+  clients = scenarios.build_clients(config, num_train, parts_filter=parts_filter)
   devices = jax.devices()
   n_dev = config.num_devices or len(devices)
   if n_dev > len(devices):

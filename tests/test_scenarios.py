@@ -23,8 +23,9 @@ def config(scenario, **overrides):
 
 
 def build(scenario, num_train=None, labels=None, **overrides):
-  return scenarios.build_clients(config(scenario, **overrides), labels,
-                                 num_train or PAPER_N)
+  return scenarios.build_clients(
+      config(scenario, **overrides), num_train or PAPER_N,
+      parts_filter=None if labels is None else scenarios.label_parts_filter(labels))
 
 
 def by_kind(clients, dataset, kind):
