@@ -121,18 +121,9 @@ def engine_transforms(transforms: Sequence[Any]) -> list:
 
 
 def place(out: dict[str, np.ndarray], at: tuple, sample: dict[str, np.ndarray]) -> None:
-  """Write `sample` centred into the canvases `out[key][at]` (as `pad_to_size` pads)."""
-  canvas_h, canvas_w = out['image'].shape[len(at):len(at) + 2]
-  h, w = sample['image'].shape[:2]
-  if h > canvas_h or w > canvas_w:
-    raise ValueError(f'sample of size {h}x{w} is larger than the target size '
-                     f'{canvas_h}x{canvas_w}')
-  top, left = (canvas_h - h) // 2, (canvas_w - w) // 2
-  for key, arr in out.items():
-    if key == 'box':
-      arr[at] = (top, left, h, w)
-    elif key in sample:
-      arr[at][top:top + h, left:left + w] = sample[key]
+  """Write `sample` centred into the canvases `out[key][at]` (as `pad_to_size` pads)
+  and its box into `out['box'][at]`."""
+  out['box'][at] = T.place_centred(out, at, sample)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +165,7 @@ class TrainChunks:
                transforms_of: dict[str, list]):
     self.specs, self.sources = tuple(specs), [list(s) for s in sources]
     self.size_of, self.seed, self.transforms_of = dict(size_of), int(seed), transforms_of
+    self._engine_ts = {d: engine_transforms(ts) for d, ts in transforms_of.items()}
     per_round = [(g, c) for g, s in enumerate(self.specs) for c in range(s.num_chunks)]
     self.per_round = len(per_round)
     self.table = [(r, g, c) for r in range(num_rounds) for g, c in per_round]
@@ -199,14 +191,17 @@ class TrainChunks:
     steps = c * t_len + np.arange(t_len)
     s_per = spec.steps_per_epoch
     epoch = rnd * spec.epochs + np.minimum(steps // s_per, spec.epochs - 1)
-    ts = engine_transforms(self.transforms_of[spec.dataset])
+    ts = self._engine_ts[spec.dataset]
     for j, (cid, count) in enumerate(zip(spec.client_ids, spec.counts)):
+      orders = {}  # local epoch -> this client's order, drawn once per element
       for k, t in enumerate(steps):
         e, s = divmod(int(t), s_per)
         if e >= spec.epochs or s >= count // b:
           continue
         ep = rnd * spec.epochs + e
-        order = self._order(cid, count, ep)
+        if ep not in orders:
+          orders[ep] = self._order(cid, count, ep)
+        order = orders[ep]
         for p in range(s * b, (s + 1) * b):
           rng = np.random.default_rng([self.seed, cid, ep, p])
           sample = T.apply_transforms(self.sources[g][j][int(order[p])], ts, rng)

@@ -377,6 +377,26 @@ def normalize(sample: Mapping[str, np.ndarray], mean: np.ndarray = IMAGENET_MEAN
   return out
 
 
+def place_centred(canvases: dict[str, np.ndarray], at: tuple, sample: Mapping[str, np.ndarray]
+                  ) -> tuple[int, int, int, int]:
+  """Write `sample` centred (extra row/col at the bottom/right) into `canvases[key][at]`.
+
+  `canvases['image'][at]` is `[H, W, 3]`; keys the sample lacks are left as
+  they are. Returns the box (top, left, height, width) of the sample. Larger
+  samples raise: the model needs the exact size.
+  """
+  th, tw = canvases['image'][at].shape[:2]
+  h, w = sample['image'].shape[:2]
+  if h > th or w > tw:
+    raise ValueError(f'sample of size {h}x{w} is larger than the target size {th}x{tw}; '
+                     'crop or resize it first')
+  top, left = (th - h) // 2, (tw - w) // 2
+  for k, v in sample.items():
+    if k in canvases:
+      canvases[k][at][top:top + h, left:left + w] = v
+  return top, left, h, w
+
+
 def pad_to_size(sample: Mapping[str, np.ndarray], size: int | Sequence[int]) -> Sample:
   """Centre-pad (extra row/col at the bottom/right) to exactly `size`.
 
@@ -385,19 +405,11 @@ def pad_to_size(sample: Mapping[str, np.ndarray], size: int | Sequence[int]) -> 
   """
   _check_keys(sample)
   th, tw = _hw(size)
-  h, w = sample['image'].shape[:2]
-  if h > th or w > tw:
-    raise ValueError(f'sample of size {h}x{w} is larger than the target size {th}x{tw}; '
-                     'crop or resize it first')
-  if (h, w) == (th, tw):
+  if sample['image'].shape[:2] == (th, tw):
     return dict(sample)
-  top, left = (th - h) // 2, (tw - w) // 2
-  out = {}
-  for k, v in sample.items():
-    fill = IGNORE if k in _LABEL_KEYS else 0
-    p = np.full((th, tw) + v.shape[2:], fill, v.dtype)
-    p[top:top + h, left:left + w] = v
-    out[k] = p
+  out = {k: np.full((th, tw) + v.shape[2:], IGNORE if k in _LABEL_KEYS else 0, v.dtype)
+         for k, v in sample.items()}
+  place_centred(out, (), sample)
   return out
 
 
