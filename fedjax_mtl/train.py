@@ -143,6 +143,7 @@ def _build(config) -> Experiment:
     raise ConfigError(f"unknown model dtype {config.model.dtype!r}; valid choices: "
                       "'float32', 'bfloat16'")
   dtype = jnp.dtype(config.model.get('dtype', 'float32'))
+  model_kw.setdefault('remat', bool(config.model.get('remat', False)))
   encoder = get_encoder(config.model.encoder, dtype=dtype, **model_kw)
   if config.data.source == 'real':
     data = {}
@@ -310,7 +311,21 @@ def make_round_fn(exp: Experiment):
     new_state, logs = _aggregate(exp, state, prev_p, trained)
     return new_state, {'train': metrics, 'agg': logs}
 
-  return jax.jit(round_fn, donate_argnums=0)
+  return jax.jit(round_fn, donate_argnums=0, compiler_options=train_compiler_options(cfg))
+
+
+def train_compiler_options(config) -> dict[str, str] | None:
+  """XLA options for the jitted training programs.
+
+  With ``model.remat`` on the CPU backend, XLA's ``cse_barrier_expander`` pass
+  drops the optimisation barriers that ``jax.checkpoint`` places around the
+  recomputed forward, and CSE then merges the recomputation back into the
+  forward pass: remat would change nothing. Disabling that pass keeps it.
+  GPU and TPU keep the barriers on their own.
+  """
+  if config.model.get('remat', False) and jax.default_backend() == 'cpu':
+    return {'xla_disable_hlo_passes': 'cse_barrier_expander'}
+  return None
 
 
 def _build_streaming(exp: Experiment) -> None:
@@ -342,7 +357,7 @@ def _build_streaming(exp: Experiment) -> None:
   def chunk_fn(g, trainer):
     def run(gs, acc, chunk, state_rng, rnd):
       return trainer(gs, acc, chunk, _group_key({'rng': state_rng, 'round': rnd}, g))
-    return jax.jit(run, donate_argnums=(0, 1))
+    return jax.jit(run, donate_argnums=(0, 1), compiler_options=train_compiler_options(cfg))
 
   exp.chunk_fns = [chunk_fn(g, local.make_chunk_trainer(spec, m, exp.tx, cfg.optim,
                                                          cfg.num_rounds))

@@ -108,6 +108,22 @@ def test_group_trainer_freezes_padding_steps_and_padding_clients():
   assert np.all(np.isfinite(metrics['loss'])) and np.unique(metrics['loss']).size > 1
 
 
+def test_model_remat_reaches_the_encoder_and_survives_compilation():
+  cfg = tiny_config('local', **{'model.remat': True})
+  exp = train.build(cfg)
+  assert exp.encoder.remat
+  if jax.default_backend() == 'cpu':
+    assert train.train_compiler_options(cfg) == {
+        'xla_disable_hlo_passes': 'cse_barrier_expander'}
+  assert train.train_compiler_options(tiny_config('local')) is None
+  state = train.init_state(exp)
+  train_data, _ = train.device_data(exp)
+  # The remat barriers are still in the compiled round: the recomputation was
+  # not merged back into the forward pass.
+  text = train.make_round_fn(exp).lower(state, train_data).compile().as_text()
+  assert 'opt-barrier' in text
+
+
 def test_gather_scatter_roundtrip_and_layout():
   exp = train.build(tiny_config('local'))
   state = train.init_state(exp)

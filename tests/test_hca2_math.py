@@ -148,6 +148,33 @@ def test_gram_matches_numpy_on_nested_pytree():
   np.testing.assert_allclose(a, x @ x.T, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [6, 17])  # pairwise row reductions / one dot per chunk
+def test_delta_gram_chunked_pass_matches_numpy(n):
+  # Leaf sizes reach every path: the large-chunk loop with an exact split, the
+  # small-chunk loop with a tail, and a single block.
+  rng = np.random.default_rng(1)
+  sizes = {"big": 2 * h._GRAM_CHUNK + 7 * 1024, "mid": 3 * h._GRAM_CHUNK_SMALL + 11, "small": 37}
+  assert h._chunking(sizes["mid"], h._GRAM_CHUNK_SMALL)[0] * 3 != sizes["mid"]  # has a tail
+  local = {k: rng.standard_normal((n, d)).astype(np.float32) for k, d in sizes.items()}
+  prev = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in local.items()}
+  probe = {k: rng.standard_normal(d).astype(np.float32) for k, d in sizes.items()}
+  mix = rng.standard_normal((2, n)).astype(np.float32)
+  f = jax.jit(h.delta_gram)
+  delta = np.concatenate([local[k].astype(np.float64) - prev[k] for k in sorted(sizes)], 1)
+  v = np.concatenate([probe[k].astype(np.float64) for k in sorted(sizes)])
+  # float32 accumulation: errors relative to the norms, not to each (near-zero) entry.
+  close = lambda got, want, scale: np.testing.assert_allclose(
+      np.asarray(got), want, rtol=2e-5, atol=2e-6 * scale)
+  a, dots = f(local, prev, probe)
+  gram = delta @ delta.T
+  close(a, gram, gram.max())
+  close(dots, delta @ v, np.sqrt(gram.max() * (v @ v)))
+  m, none = f(local, prev, None, mix)
+  assert none is None
+  rows = mix.astype(np.float64) @ delta
+  close(m, rows @ rows.T, (rows * rows).sum(1).max())
+
+
 @pytest.mark.parametrize("n", [2, 5, 6, 12, 24])
 def test_solver_matches_slsqp_realistic_scale(n):
   # Runs through conflict_averse (float32 Gram of a pytree, in-graph solver); the

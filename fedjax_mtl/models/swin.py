@@ -43,8 +43,9 @@ decoder/head at 512x512, batch 8: 5.2 GiB of activations kept for the backward
 pass, 0.98 GiB with remat (``scripts/bench.py --only=swin_memory``). XLA:CPU
 drops the optimisation barriers remat relies on, and CSE then folds the
 recomputation back into the forward pass, unless compiled with
-``compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}``; GPU
-and TPU keep them.
+``compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}`` (the
+engine does this for ``model.remat=True``: ``train.train_compiler_options``);
+GPU and TPU keep them.
 """
 
 from __future__ import annotations
