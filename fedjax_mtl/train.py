@@ -143,7 +143,7 @@ def _build(config) -> Experiment:
     raise ConfigError(f"unknown model dtype {config.model.dtype!r}; valid choices: "
                       "'float32', 'bfloat16'")
   dtype = jnp.dtype(config.model.get('dtype', 'float32'))
-  model_kw.setdefault('remat', bool(config.model.get('remat', False)))
+  model_kw['remat'] = _remat(config)
   encoder = get_encoder(config.model.encoder, dtype=dtype, **model_kw)
   if config.data.source == 'real':
     data = {}
@@ -314,17 +314,23 @@ def make_round_fn(exp: Experiment):
   return jax.jit(round_fn, donate_argnums=0, compiler_options=train_compiler_options(cfg))
 
 
-def train_compiler_options(config) -> dict[str, str] | None:
-  """XLA options for the jitted training programs.
+# XLA:CPU's `cse_barrier_expander` pass drops the optimisation barriers that
+# `jax.checkpoint` places around the recomputed forward, and CSE then merges the
+# recomputation back into the forward pass: remat would change nothing.
+# Compiling with this option keeps it. GPU and TPU keep the barriers on their own.
+KEEP_REMAT_ON_CPU = {'xla_disable_hlo_passes': 'cse_barrier_expander'}
 
-  With ``model.remat`` on the CPU backend, XLA's ``cse_barrier_expander`` pass
-  drops the optimisation barriers that ``jax.checkpoint`` places around the
-  recomputed forward, and CSE then merges the recomputation back into the
-  forward pass: remat would change nothing. Disabling that pass keeps it.
-  GPU and TPU keep the barriers on their own.
-  """
-  if config.model.get('remat', False) and jax.default_backend() == 'cpu':
-    return {'xla_disable_hlo_passes': 'cse_barrier_expander'}
+
+def _remat(config) -> bool:
+  """Whether the encoder rematerialises: `model.remat`, unless `model.kwargs.remat` overrides it."""
+  return bool(config.model.get('kwargs', {}).get('remat', config.model.get('remat', False)))
+
+
+def train_compiler_options(config) -> dict[str, str] | None:
+  """XLA options for the jitted training programs: `KEEP_REMAT_ON_CPU` when the
+  encoder rematerialises on the CPU backend, else None."""
+  if _remat(config) and jax.default_backend() == 'cpu':
+    return dict(KEEP_REMAT_ON_CPU)
   return None
 
 

@@ -259,6 +259,7 @@ def bench_swin_memory(resolution: int = 512, batch: int = 8, encoder: str = 'swi
     its bf16 `temp` overstates an accelerator's; `activations` does not.
   """
   from jax._src.ad_checkpoint import saved_residuals
+  from fedjax_mtl.train import KEEP_REMAT_ON_CPU
   x = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
   y = jax.ShapeDtypeStruct((batch, resolution, resolution), jnp.int32)
   key = jax.random.PRNGKey(1)
@@ -271,7 +272,7 @@ def bench_swin_memory(resolution: int = 512, batch: int = 8, encoder: str = 'swi
       activations = sum(a.size * a.dtype.itemsize for a, src in res
                         if not src.startswith('from the argument'))
       mem = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, bs, opt, x, y, key).compile(
-          compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}).memory_analysis()
+          compiler_options=KEEP_REMAT_ON_CPU).memory_analysis()
       name = f'{jnp.dtype(dtype).name}{"_remat" if remat else ""}'
       out.update({f'{name}_activations_gib': activations / 2**30,
                   f'{name}_temp_gib': mem.temp_size_in_bytes / 2**30,

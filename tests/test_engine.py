@@ -116,6 +116,9 @@ def test_model_remat_reaches_the_encoder_and_survives_compilation():
     assert train.train_compiler_options(cfg) == {
         'xla_disable_hlo_passes': 'cse_barrier_expander'}
   assert train.train_compiler_options(tiny_config('local')) is None
+  # `model.kwargs.remat` (which the encoder receives) decides, also for the options.
+  via_kwargs = tiny_config('local', **{'model.kwargs': {'depths': (1, 0, 0, 0), 'remat': True}})
+  assert (train.train_compiler_options(via_kwargs) is not None) == (jax.default_backend() == 'cpu')
   state = train.init_state(exp)
   train_data, _ = train.device_data(exp)
   # The remat barriers are still in the compiled round: the recomputation was

@@ -12,6 +12,7 @@ import pytest
 from scipy.special import erf
 
 from fedjax_mtl.models import convert, decoder, swin
+from fedjax_mtl.train import KEEP_REMAT_ON_CPU
 
 # XLA:CPU compile time dominates these tests; LLVM -O0 compiles ~3x faster and
 # does not change results. Every test jits (eager op-by-op compiles are slower).
@@ -285,8 +286,7 @@ _small_fwd = _jit_apply(SMALL_MODEL)
 # XLA:CPU expands jax.checkpoint's optimization barriers before CSE, which then
 # folds the recomputation back into the forward pass; keeping the pass off makes
 # the remat step really recompute, as on GPU/TPU.
-_KEEP_REMAT = {'xla_backend_optimization_level': 0,
-               'xla_disable_hlo_passes': 'cse_barrier_expander'}
+_KEEP_REMAT = {'xla_backend_optimization_level': 0, **KEEP_REMAT_ON_CPU}
 
 
 @functools.cache

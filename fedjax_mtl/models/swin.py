@@ -44,7 +44,7 @@ pass, 0.98 GiB with remat (``scripts/bench.py --only=swin_memory``). XLA:CPU
 drops the optimisation barriers remat relies on, and CSE then folds the
 recomputation back into the forward pass, unless compiled with
 ``compiler_options={'xla_disable_hlo_passes': 'cse_barrier_expander'}`` (the
-engine does this for ``model.remat=True``: ``train.train_compiler_options``);
+engine does this whenever the encoder rematerialises: ``train.KEEP_REMAT_ON_CPU``);
 GPU and TPU keep them.
 """
 
