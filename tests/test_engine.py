@@ -254,6 +254,11 @@ def test_four_devices_match_one_device(fedavg_run, tmp_path):
   # stage norms) have an exactly zero gradient (BN removes any constant shift):
   # Adam turns the rounding noise in that zero into lr-sized random steps, so
   # they are compared only for boundedness; they do not change the outputs.
+  # Sharding changes the shapes of the vmapped matmuls and with them XLA:CPU's summation
+  # order, which three rounds of training carry into the parameters: up to 4.3e-5 apart
+  # on an AMD EPYC host (2 % of one lr-sized Adam step, lr = 2e-3). A sharding fault (a
+  # client's data or parameters on the wrong device, padding clients averaged in) moves
+  # them by whole steps.
   shift_invariant = re.compile(r"\['(norm\d|linear_\d|fuse_conv)'\]\['bias'\]$")
   checked = 0
   for name, tree in (('enc', enc), ('dec', dec), ('heads', heads)):
@@ -262,7 +267,7 @@ def test_four_devices_match_one_device(fedavg_run, tmp_path):
       if shift_invariant.search(key):
         np.testing.assert_allclose(got[key], x, atol=5e-3)
       else:
-        np.testing.assert_allclose(got[key], x, rtol=1e-4, atol=1e-5, err_msg=key)
+        np.testing.assert_allclose(got[key], x, rtol=1e-4, atol=1e-4, err_msg=key)
         checked += 1
   assert checked > 50
   eval_multi = json.loads(str(got['eval']))
