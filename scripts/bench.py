@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import local, train
+from fedjax_mtl import hostmem, local, train
 from fedjax_mtl.defaults import base_config
+from compare_torch import serve
 
 
 def _timeit(fn, repeats):
@@ -116,8 +117,8 @@ def bench_engine(variant: str, repeats: int) -> dict:
   return out
 
 
-def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) -> dict:
-  """One full FedHCA2 aggregation at the paper's scale, after compilation.
+def hca2_runners(num_clients: int = 6, num_decoders: int = 9) -> dict:
+  """One full FedHCA2 aggregation at the paper's scale, compiled and warmed up.
 
   N Swin-T encoders (27.5M parameters each) and K FedHCA2 decoders for Swin-T
   features (175,776 parameters each), random updates; times the jitted rule
@@ -126,6 +127,8 @@ def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) ->
   output buffers on every call; `aggregate_donated_s` donates the rule's state
   and the local encoders/decoders and feeds the outputs back, as inside the
   engine's round (where the new parameters may reuse those buffers).
+
+  Returns the two calls (`run`, `run_donated`), the compile time and the sizes.
   """
   from fedjax_mtl.aggregators import AggInfo, AggInputs, get_aggregator
   from fedjax_mtl.models import get_encoder
@@ -172,7 +175,6 @@ def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) ->
   compile_s = time.perf_counter() - t0
   run = lambda: jax.block_until_ready(compiled(state, inputs))
   run()
-  aggregate_s = _timeit(run, repeats)
 
   def apply_local(state, enc_local, dec_local, enc_prev, dec_prev, round_):
     return rule.apply(state, AggInputs(enc_prev, enc_local, dec_prev, dec_local, round_))
@@ -187,10 +189,18 @@ def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) ->
     holder['args'] = (new_state, enc, dec)
 
   run_donated()
-  return {'num_clients': num_clients, 'encoder_params': n_enc,
-          'num_decoders': num_decoders, 'decoder_params': n_dec,
-          'compile_s': compile_s, 'aggregate_s': aggregate_s,
-          'aggregate_donated_s': _timeit(run_donated, repeats),
+  return {'run': run, 'run_donated': run_donated, 'compile_s': compile_s,
+          'num_clients': num_clients, 'encoder_params': n_enc,
+          'num_decoders': num_decoders, 'decoder_params': n_dec}
+
+
+def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) -> dict:
+  """Times `hca2_runners` (fresh outputs and donated), best of `repeats`."""
+  r = hca2_runners(num_clients, num_decoders)
+  return {'num_clients': num_clients, 'encoder_params': r['encoder_params'],
+          'num_decoders': num_decoders, 'decoder_params': r['decoder_params'],
+          'compile_s': r['compile_s'], 'aggregate_s': _timeit(r['run'], repeats),
+          'aggregate_donated_s': _timeit(r['run_donated'], repeats),
           'peak_memory_mb': peak_memory_mb()}
 
 
@@ -220,9 +230,8 @@ def _swin_task(encoder: str, dtype=jnp.float32, remat: bool = False):
   return init, loss_fn, step
 
 
-def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
-                    encoder: str = 'swin_t') -> dict:
-  """Local training step (forward + backward + AdamW) of `encoder` + one decoder/head."""
+def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t'):
+  """(run, compile_s): one compiled, warmed-up local training step of `_swin_task`."""
   init, _, step = _swin_task(encoder)
   x = jnp.zeros((batch, resolution, resolution, 3), jnp.float32)
   y = jnp.zeros((batch, resolution, resolution), jnp.int32)
@@ -237,6 +246,13 @@ def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
     jax.block_until_ready(loss)
 
   run()
+  return run, compile_s
+
+
+def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
+                    encoder: str = 'swin_t') -> dict:
+  """Local training step (forward + backward + AdamW) of `encoder` + one decoder/head."""
+  run, compile_s = swin_step_runner(resolution, batch, encoder)
   dt = _timeit(run, repeats)
   return {'resolution': resolution, 'batch': batch, 'compile_s': compile_s, 'step_s': dt,
           'images_per_s': batch / dt}
@@ -316,16 +332,35 @@ def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
           'cpu_count': os.cpu_count()}
 
 
+SERVE = {
+    'swin_t_128': lambda: swin_step_runner(128)[0],
+    'swin_t_224': lambda: swin_step_runner(224)[0],
+    'hca2': lambda: hca2_runners()['run_donated'],
+}
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--variant', default='default', help="config variant: default|smoke|paper")
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--only', default='all', choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'all'])
   p.add_argument('--json', default='', help='also write the results to this file')
+  p.add_argument('--reuse_host_memory', action='store_true',
+                 help='keep freed host memory for reuse on CPU-only runs (fedjax_mtl.hostmem), '
+                      'as fedjax_mtl.main --reuse_host_memory does')
+  p.add_argument('--serve', default='', choices=['', *SERVE],
+                 help='build one workload, then time one call per stdin line '
+                      '(for scripts/compare_torch.py)')
   a = p.parse_args(argv)
+  # Before anything runs on a backend.
+  reuse = a.reuse_host_memory and hostmem.cpu_only() and hostmem.reuse_freed_memory()
+  if a.serve:
+    serve(SERVE[a.serve])
+    return {}
   dev = jax.devices()[0]
   results = {'device': f'{dev.platform}:{dev.device_kind}', 'num_devices': jax.device_count(),
-             'jax': jax.__version__, 'python': platform.python_version()}
+             'jax': jax.__version__, 'python': platform.python_version(),
+             'reuse_host_memory': reuse}
   if a.only in ('engine', 'all'):
     results['engine'] = bench_engine(a.variant, a.repeats)
   if a.only in ('pipeline', 'all'):
@@ -337,6 +372,7 @@ def main(argv=None):
       results[f'swin_t_{res}'] = bench_swin_step(res, repeats=a.repeats)
   if a.only == 'swin_memory':  # not in 'all': four compiles at 512x512
     results['swin_memory'] = bench_swin_memory()
+  print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')

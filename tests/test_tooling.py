@@ -39,3 +39,17 @@ def test_bench_engine_reports_every_figure():
             'group_images_per_s', 'peak_memory_mb'):
     assert out[k] > 0, k
   assert out['vmap_speedup'] == out['group_loop_s'] / out['group_vmap_s']
+
+
+def test_compare_torch_worker_protocol():
+  """scripts/compare_torch.py's worker protocol: 'ready', then one duration per line."""
+  import compare_torch
+  code = ('import sys; sys.path.insert(0, sys.argv[1]); from compare_torch import serve; '
+          'print("library noise"); serve(lambda: (lambda: sum(range(10000))))')
+  w = compare_torch.Worker([sys.executable, '-c', code, os.path.join(ROOT, 'scripts')])
+  try:
+    times = [w.call() for _ in range(3)]
+  finally:
+    w.close()
+  assert all(0 < t < 10 for t in times), times
+  assert w.proc.returncode == 0

@@ -1,0 +1,107 @@
+"""Host-memory reuse for runs on the CPU backend.
+
+XLA:CPU allocates a compiled program's scratch buffer with `malloc` on every call and
+frees it when the call returns. glibc serves blocks above its mmap threshold (32 MiB at
+most) with a fresh `mmap` and returns them with `munmap`, so every call of a large program
+faults its whole scratch buffer in again, 4 KiB at a time. A Swin-T training step at
+224×224, batch 8, takes about 320,000 page faults (1.27 GB) and spends 0.7–0.9 s of its
+2.5 s in the kernel that way (BENCHMARKS.md).
+
+`reuse_freed_memory()` tells glibc to keep freed memory in its heap instead: one malloc
+arena (blocks of any size then come from the main heap), no `mmap` for large blocks and
+no trimming. From the second call on, the scratch buffer is served from memory that is
+already mapped, with no page faults. The single arena is needed: a thread's own arena
+maps any block larger than its 64 MiB heap with `mmap` whatever `M_MMAP_MAX` says.
+
+The price: the process holds on to its peak host memory until it exits, and all threads
+take one malloc lock. Programs that run many small XLA operations then wait on that lock
+(measured in BENCHMARKS.md: a Swin-T step at 224×224 1.2× faster, but the default
+synthetic round 1.4× slower and the paper-scale FedHCA2 aggregation 1.35× slower). So it
+is opt-in, for large models on CPU.
+
+It must run before JAX runs anything: worker threads keep the arena they first
+allocated from, and XLA's threads start when the first backend is initialised. It is a
+process-wide setting, so the library never applies it by itself; `fedjax_mtl.main
+--reuse_host_memory` and `scripts/bench.py --reuse_host_memory` apply it on CPU-only
+runs, and a notebook or script can call it first thing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import warnings
+
+# mallopt parameters, from glibc's <malloc.h>.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+
+_applied = False
+
+# Accelerator plugins that do not register a `jax_plugins` entry point.
+_ACCELERATOR_MODULES = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm7_plugin',
+                        'jax_rocm60_plugin', 'libtpu')
+
+
+def _mallopt():
+  """glibc's `mallopt`, or None where the C library is not glibc (macOS, musl, Windows)."""
+  if not sys.platform.startswith('linux'):
+    return None
+  try:
+    libc = ctypes.CDLL('libc.so.6')
+    libc.gnu_get_libc_version  # glibc only
+    return libc.mallopt
+  except (OSError, AttributeError):
+    return None
+
+
+def backends_initialised() -> bool:
+  """Whether JAX has already created its backends (and with them XLA's threads)."""
+  if 'jax' not in sys.modules:
+    return False
+  from jax._src import xla_bridge
+  return xla_bridge.backends_are_initialized()
+
+
+def cpu_only(platforms: str | None = None) -> bool:
+  """Whether this process will run JAX on the CPU backend only.
+
+  `platforms` defaults to `jax.config.jax_platforms` (from `JAX_PLATFORMS`). True when it
+  names `cpu` first or, when it is empty, when no accelerator plugin (CUDA, ROCm, TPU) is
+  installed. Initialises nothing.
+  """
+  if platforms is None:
+    platforms = (sys.modules['jax'].config.jax_platforms if 'jax' in sys.modules
+                 else os.environ.get('JAX_PLATFORMS'))
+  if platforms:
+    return platforms.split(',')[0].strip() == 'cpu'
+  if importlib.metadata.entry_points(group='jax_plugins'):
+    return False
+  return not any(importlib.util.find_spec(name) is not None for name in _ACCELERATOR_MODULES)
+
+
+def reuse_freed_memory() -> bool:
+  """Keep freed host memory in glibc's heap for reuse (see the module docstring).
+
+  Returns True when the setting is in force (also on a repeated call), False where the C
+  library is not glibc or when JAX's backends already exist (then with a warning: the
+  setting would no longer reach XLA's threads).
+  """
+  global _applied
+  if _applied:
+    return True
+  mallopt = _mallopt()
+  if mallopt is None:
+    return False
+  if backends_initialised():
+    warnings.warn('fedjax_mtl.hostmem.reuse_freed_memory() called after JAX created its '
+                  'backends; call it before the first JAX computation', stacklevel=2)
+    return False
+  ok = (mallopt(_M_ARENA_MAX, 1) == 1 and mallopt(_M_MMAP_MAX, 0) == 1
+        and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1)
+  _applied = ok
+  return ok

@@ -1,0 +1,159 @@
+"""Same-machine, interleaved timing of fedjax_mtl against the PyTorch reference.
+
+Starts `scripts/bench.py --serve=W` (this interpreter, JAX) and
+`scripts/bench_torch.py --serve=W` (an interpreter with torch), lets both build and
+warm up, then asks them for one call at a time, alternating which goes first, so that
+both see the same machine state. Reports best and median seconds per call for each and
+the speed ratio (PyTorch time / JAX time; above 1 means fedjax_mtl is faster):
+
+    python scripts/compare_torch.py --torch_python=/path/to/torch-env/bin/python \\
+        --workloads swin_t_128 swin_t_224 hca2 --rounds 8
+
+`--check_swin` instead checks correctness: the torch side writes a randomised mmseg-named
+Swin-T state dict with its four stage outputs at 512x512 and 448x576 (window padding at
+both), the state dict goes through `fedjax_mtl.models.convert`, and the relative error
+||ours - ref|| / ||ref|| of each stage output is reported (and must be under `--tol`):
+
+    python scripts/compare_torch.py --torch_python=/path/to/torch-env/bin/python --check_swin
+
+Workloads: `swin_t_128`, `swin_t_224` (Swin-T + decoder + head local step, batch 8) and
+`hca2` (FedHCA2 aggregation at the paper's scale); see the two scripts' docstrings.
+Extra arguments for the JAX side go after `--jax_args` (e.g. `--reuse_host_memory`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOADS = ('swin_t_128', 'swin_t_224', 'hca2')
+
+
+def serve(make_run):
+  """The worker side (`bench.py --serve`, `bench_torch.py --serve`): build the workload,
+  print 'ready', then answer each stdin line with the seconds of one call."""
+  run = make_run()
+  print('ready', flush=True)
+  for _ in sys.stdin:
+    t0 = time.perf_counter()
+    run()
+    print(time.perf_counter() - t0, flush=True)
+
+
+class Worker:
+  """A `--serve` process: one line in, one duration out."""
+
+  def __init__(self, cmd):
+    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, bufsize=1)
+    line = self.proc.stdout.readline().strip()
+    while line and line != 'ready':  # skip anything a library prints while building
+      line = self.proc.stdout.readline().strip()
+    if line != 'ready':
+      raise RuntimeError(f'{cmd[1]} --serve exited before it was ready')
+
+  def call(self) -> float:
+    self.proc.stdin.write('run\n')
+    return float(self.proc.stdout.readline())
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait()
+
+
+def compare(workload, torch_python, rounds, jax_args=()):
+  # Build one side at a time so that compilation does not overlap the other's warm-up.
+  jax_w = Worker([sys.executable, os.path.join(HERE, 'bench.py'), f'--serve={workload}',
+                  *jax_args])
+  torch_w = Worker([torch_python, os.path.join(HERE, 'bench_torch.py'), f'--serve={workload}'])
+  times = {'jax': [], 'torch': []}
+  try:
+    for r in range(rounds):
+      order = (('jax', jax_w), ('torch', torch_w))
+      for name, w in (order if r % 2 == 0 else order[::-1]):
+        times[name].append(w.call())
+  finally:
+    jax_w.close()
+    torch_w.close()
+  out = {'workload': workload, 'rounds': rounds}
+  for name, ts in times.items():
+    out[f'{name}_best_s'] = min(ts)
+    out[f'{name}_median_s'] = statistics.median(ts)
+  out['speedup_best'] = out['torch_best_s'] / out['jax_best_s']
+  out['speedup_median'] = out['torch_median_s'] / out['jax_median_s']
+  out['speedup_per_round'] = [t / j for j, t in zip(times['jax'], times['torch'])]
+  return out
+
+
+def check_swin(torch_python, tol=1e-4):
+  """Stage outputs of our Swin-T with converted weights vs the torch model's."""
+  import tempfile
+
+  import jax
+  import numpy as np
+
+  from fedjax_mtl.models import convert, swin
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, 'ref.npz')
+    subprocess.run([torch_python, os.path.join(HERE, 'bench_torch.py'), f'--dump_swin={path}'],
+                   check=True)
+    ref = dict(np.load(path))
+  sd = {k[3:]: v for k, v in ref.items() if k.startswith('sd/')}
+  model = swin.swin_t()
+  params = convert.convert_state_dict(sd, model, source='mmseg')
+  apply = jax.jit(lambda x: model.apply({'params': params}, x, train=False))
+  rows = []
+  for key in sorted(k for k in ref if k.startswith('x/')):
+    size = key[2:]
+    outs = apply(ref[key].transpose(0, 2, 3, 1))  # NCHW -> NHWC
+    for i, out in enumerate(outs):
+      want = ref[f'out{i}/{size}'].transpose(0, 2, 3, 1)
+      got = np.asarray(out, np.float64)
+      rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+      rows.append({'size': size, 'stage': i, 'shape': list(want.shape), 'rel_err': rel,
+                   'max_abs_err': float(np.abs(got - want).max()), 'ok': rel < tol})
+      print(f"{size:8s} stage {i} {str(want.shape):20s} rel err {rel:.2e} "
+            f"max abs err {rows[-1]['max_abs_err']:.2e}", flush=True)
+  if not all(r['ok'] for r in rows):
+    raise SystemExit(f'error: a stage output differs from the torch reference by >= {tol} relative')
+  return rows
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--torch_python', required=True, help='a Python interpreter with torch')
+  p.add_argument('--workloads', nargs='+', default=list(WORKLOADS), choices=WORKLOADS)
+  p.add_argument('--rounds', type=int, default=8)
+  p.add_argument('--check_swin', action='store_true',
+                 help='check Swin-T stage outputs with converted weights instead of timing')
+  p.add_argument('--tol', type=float, default=1e-4, help='relative error bound of --check_swin')
+  p.add_argument('--json', default='', help='also write the results to this file')
+  p.add_argument('--jax_args', nargs=argparse.REMAINDER, default=[],
+                 help='passed on to bench.py --serve')
+  a = p.parse_args(argv)
+  if a.check_swin:
+    results = check_swin(a.torch_python, a.tol)
+    if a.json:
+      with open(a.json, 'w') as f:
+        json.dump(results, f, indent=2)
+    return results
+  results = []
+  for w in a.workloads:
+    r = compare(w, a.torch_python, a.rounds, a.jax_args)
+    results.append(r)
+    print(f"{w:11s} jax best {r['jax_best_s']:.3f} s median {r['jax_median_s']:.3f} s | "
+          f"torch best {r['torch_best_s']:.3f} s median {r['torch_median_s']:.3f} s | "
+          f"speed-up best {r['speedup_best']:.2f}x median {r['speedup_median']:.2f}x", flush=True)
+  if a.json:
+    with open(a.json, 'w') as f:
+      json.dump(results, f, indent=2)
+  return results
+
+
+if __name__ == '__main__':
+  main()
