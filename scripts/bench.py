@@ -6,6 +6,7 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=hca2           # FedHCA2 aggregation at paper scale
     python scripts/bench.py --only=swin           # Swin-T local step, 128 and 224, batch 8
     python scripts/bench.py --only=swin_memory    # Swin-T step memory at 512, fp32/bf16 x remat
+    python scripts/bench.py --only=mfu            # Swin-T step at 512, batch 8, bf16: MFU (GPU)
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -230,15 +231,18 @@ def _swin_task(encoder: str, dtype=jnp.float32, remat: bool = False):
   return init, loss_fn, step
 
 
-def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t'):
+def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t',
+                     dtype=jnp.float32, remat: bool = False):
   """(run, compile_s): one compiled, warmed-up local training step of `_swin_task`."""
-  init, _, step = _swin_task(encoder)
+  from fedjax_mtl.train import KEEP_REMAT_ON_CPU
+  init, _, step = _swin_task(encoder, dtype, remat)
   x = jnp.zeros((batch, resolution, resolution, 3), jnp.float32)
   y = jnp.zeros((batch, resolution, resolution), jnp.int32)
   args = list(jax.jit(init)(jax.random.PRNGKey(0), x))
   f = jax.jit(step, donate_argnums=(0, 1, 2))
+  options = KEEP_REMAT_ON_CPU if remat and jax.default_backend() == 'cpu' else None
   t0 = time.perf_counter()
-  c = f.lower(*args, x, y, jax.random.PRNGKey(1)).compile()
+  c = f.lower(*args, x, y, jax.random.PRNGKey(1)).compile(compiler_options=options)
   compile_s = time.perf_counter() - t0
 
   def run():
@@ -247,6 +251,39 @@ def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t'):
 
   run()
   return run, compile_s
+
+
+# Dense bf16 matmul peak (FLOP/s) by device kind, for MFU.
+PEAK_BF16_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
+
+
+def model_flops(resolution: int, batch: int = 8, encoder: str = 'swin_t') -> float:
+  """FLOPs of one local training step (`_swin_task`: forward + backward + AdamW), from
+  XLA's cost analysis of the float32 step without remat (recomputation is not model work)."""
+  init, _, step = _swin_task(encoder)
+  x = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
+  y = jax.ShapeDtypeStruct((batch, resolution, resolution), jnp.int32)
+  key = jax.random.PRNGKey(1)
+  params, bs, opt = jax.eval_shape(init, key, x)
+  cost = jax.jit(step).lower(params, bs, opt, x, y, key).cost_analysis()
+  return float((cost[0] if isinstance(cost, (list, tuple)) else cost)['flops'])
+
+
+def bench_mfu(resolution: int = 512, batch: int = 8, encoder: str = 'swin_t',
+              dtype: str = 'bfloat16', remat: bool = False, repeats: int = 3,
+              peak_tflops: float = 0.0) -> dict:
+  """Model FLOPs utilisation of one client's local step: model FLOPs per second over the
+  device's peak (`PEAK_BF16_FLOPS` by device kind, or `peak_tflops`; none on CPU)."""
+  flops = model_flops(resolution, batch, encoder)
+  run, compile_s = swin_step_runner(resolution, batch, encoder, jnp.dtype(dtype), remat)
+  dt = _timeit(run, repeats)
+  kind = jax.devices()[0].device_kind
+  peak = peak_tflops * 1e12 or next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind), 0.0)
+  return {'encoder': encoder, 'resolution': resolution, 'batch': batch, 'dtype': dtype,
+          'remat': remat, 'compile_s': compile_s, 'model_tflop_per_step': flops / 1e12,
+          'step_s': dt, 'images_per_s': batch / dt, 'achieved_tflops': flops / dt / 1e12,
+          'peak_tflops': peak / 1e12, 'mfu': flops / dt / peak if peak else float('nan'),
+          'peak_memory_mb': peak_memory_mb()}
 
 
 def bench_swin_step(resolution: int, batch: int = 8, repeats: int = 3,
@@ -343,7 +380,13 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--variant', default='default', help="config variant: default|smoke|paper")
   p.add_argument('--repeats', type=int, default=3)
-  p.add_argument('--only', default='all', choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'all'])
+  p.add_argument('--only', default='all',
+                 choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu', 'all'])
+  p.add_argument('--mfu_resolution', type=int, default=512)
+  p.add_argument('--mfu_dtype', default='bfloat16', choices=['bfloat16', 'float32'])
+  p.add_argument('--mfu_remat', action='store_true')
+  p.add_argument('--peak_tflops', type=float, default=0.0,
+                 help="the device's peak for --only=mfu (default: known accelerators' bf16 peak)")
   p.add_argument('--json', default='', help='also write the results to this file')
   p.add_argument('--reuse_host_memory', action='store_true',
                  help='keep freed host memory for reuse on CPU-only runs (fedjax_mtl.hostmem), '
@@ -372,8 +415,11 @@ def main(argv=None):
       results[f'swin_t_{res}'] = bench_swin_step(res, repeats=a.repeats)
   if a.only == 'swin_memory':  # not in 'all': four compiles at 512x512
     results['swin_memory'] = bench_swin_memory()
+  if a.only == 'mfu':  # not in 'all': a 512x512 step is for accelerators
+    results['mfu'] = bench_mfu(a.mfu_resolution, dtype=a.mfu_dtype, remat=a.mfu_remat,
+                               repeats=a.repeats, peak_tflops=a.peak_tflops)
   print(f"reuse_host_memory{'':17s} {reuse}")
-  for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory'):
+  for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

@@ -53,3 +53,20 @@ def test_compare_torch_worker_protocol():
     w.close()
   assert all(0 < t < 10 for t in times), times
   assert w.proc.returncode == 0
+
+
+def test_bench_mfu_counts_model_flops_of_the_step():
+  import bench
+  import jax
+  small, f2, f3 = (bench.model_flops(32, batch=b, encoder='swin_nano') for b in (1, 2, 3))
+  # Per-image work plus a batch-independent optimizer update: linear in the batch.
+  per_image = f2 - small
+  assert 0 < per_image < small and abs((f3 - f2) - per_image) < 1e-3 * per_image
+  out = bench.bench_mfu(32, batch=1, encoder='swin_nano', dtype='float32', repeats=1,
+                        peak_tflops=1.0)
+  assert out['model_tflop_per_step'] * 1e12 == small
+  assert out['achieved_tflops'] == small / out['step_s'] / 1e12
+  assert out['mfu'] == out['achieved_tflops'] / 1.0
+  if jax.devices()[0].platform == 'cpu':
+    assert bench.bench_mfu(32, batch=1, encoder='swin_nano', dtype='float32',
+                           repeats=1)['peak_tflops'] == 0.0
