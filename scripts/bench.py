@@ -231,6 +231,17 @@ def _swin_task(encoder: str, dtype=jnp.float32, remat: bool = False):
   return init, loss_fn, step
 
 
+def _abstract_step(encoder: str, resolution: int, batch: int, dtype=jnp.float32,
+                   remat: bool = False):
+  """(loss_fn, step, args) of `_swin_task`, with args (params, batch_stats, opt_state, x,
+  y, key) as shapes: for lowering without allocating."""
+  init, loss_fn, step = _swin_task(encoder, dtype, remat)
+  x = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
+  y = jax.ShapeDtypeStruct((batch, resolution, resolution), jnp.int32)
+  key = jax.random.PRNGKey(1)
+  return loss_fn, step, (*jax.eval_shape(init, key, x), x, y, key)
+
+
 def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t',
                      dtype=jnp.float32, remat: bool = False):
   """(run, compile_s): one compiled, warmed-up local training step of `_swin_task`."""
@@ -260,12 +271,8 @@ PEAK_BF16_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
 def model_flops(resolution: int, batch: int = 8, encoder: str = 'swin_t') -> float:
   """FLOPs of one local training step (`_swin_task`: forward + backward + AdamW), from
   XLA's cost analysis of the float32 step without remat (recomputation is not model work)."""
-  init, _, step = _swin_task(encoder)
-  x = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
-  y = jax.ShapeDtypeStruct((batch, resolution, resolution), jnp.int32)
-  key = jax.random.PRNGKey(1)
-  params, bs, opt = jax.eval_shape(init, key, x)
-  cost = jax.jit(step).lower(params, bs, opt, x, y, key).cost_analysis()
+  _, step, args = _abstract_step(encoder, resolution, batch)
+  cost = jax.jit(step).lower(*args).cost_analysis()
   return float((cost[0] if isinstance(cost, (list, tuple)) else cost)['flops'])
 
 
@@ -313,18 +320,15 @@ def bench_swin_memory(resolution: int = 512, batch: int = 8, encoder: str = 'swi
   """
   from jax._src.ad_checkpoint import saved_residuals
   from fedjax_mtl.train import KEEP_REMAT_ON_CPU
-  x = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
-  y = jax.ShapeDtypeStruct((batch, resolution, resolution), jnp.int32)
-  key = jax.random.PRNGKey(1)
   out = {'encoder': encoder, 'resolution': resolution, 'batch': batch}
   for dtype in (jnp.float32, jnp.bfloat16):
     for remat in (False, True):
-      init, loss_fn, step = _swin_task(encoder, dtype, remat)
-      params, bs, opt = jax.eval_shape(init, key, x)
-      res = saved_residuals(lambda *a: loss_fn(*a, key)[0], params, bs, x, y)
+      loss_fn, step, args = _abstract_step(encoder, resolution, batch, dtype, remat)
+      key = args[-1]
+      res = saved_residuals(lambda *a: loss_fn(*a, key)[0], *args[:2], *args[3:5])
       activations = sum(a.size * a.dtype.itemsize for a, src in res
                         if not src.startswith('from the argument'))
-      mem = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, bs, opt, x, y, key).compile(
+      mem = jax.jit(step, donate_argnums=(0, 1, 2)).lower(*args).compile(
           compiler_options=KEEP_REMAT_ON_CPU).memory_analysis()
       name = f'{jnp.dtype(dtype).name}{"_remat" if remat else ""}'
       out.update({f'{name}_activations_gib': activations / 2**30,
