@@ -7,23 +7,22 @@ faults its whole scratch buffer in again, 4 KiB at a time. A Swin-T training ste
 224×224, batch 8, takes about 320,000 page faults (1.27 GB) and spends 0.7–0.9 s of its
 2.5 s in the kernel that way (BENCHMARKS.md).
 
-`reuse_freed_memory()` tells glibc to keep freed memory in its heap instead: one malloc
-arena (blocks of any size then come from the main heap), no `mmap` for large blocks and
-no trimming. From the second call on, the scratch buffer is served from memory that is
-already mapped, with no page faults. The single arena is needed: a thread's own arena
-maps any block larger than its 64 MiB heap with `mmap` whatever `M_MMAP_MAX` says.
+`reuse_freed_memory()` makes that memory stay mapped:
+- glibc never uses `mmap` for large blocks of the main heap and never trims it, so a freed
+  scratch buffer stays in the heap for the next call;
+- JAX's CPU client runs programs on the calling thread (`jax_cpu_enable_async_dispatch`
+  off), so the scratch buffer is allocated by the main thread, from the main heap. (Other
+  threads' arenas map any block larger than their 64 MiB heaps with `mmap` whatever
+  `M_MMAP_MAX` says; forcing every thread onto one arena instead makes them wait on one
+  malloc lock, which slowed small programs by 1.4×.)
+From the second call on, the scratch buffer comes from memory that is already mapped. The
+price: the process keeps its peak heap until it exits, and Python waits for each CPU
+computation instead of queueing the next (the engine's round is one computation).
 
-The price: the process holds on to its peak host memory until it exits, and all threads
-take one malloc lock. Programs that run many small XLA operations then wait on that lock
-(measured in BENCHMARKS.md: a Swin-T step at 224×224 1.2× faster, but the default
-synthetic round 1.4× slower and the paper-scale FedHCA2 aggregation 1.35× slower). So it
-is opt-in, for large models on CPU.
-
-It must run before JAX runs anything: worker threads keep the arena they first
-allocated from, and XLA's threads start when the first backend is initialised. It is a
-process-wide setting, so the library never applies it by itself; `fedjax_mtl.main
---reuse_host_memory` and `scripts/bench.py --reuse_host_memory` apply it on CPU-only
-runs, and a notebook or script can call it first thing.
+It must run before JAX creates its backends. It is a process-wide setting, so the library
+never applies it by itself; `fedjax_mtl.main` and `scripts/bench.py` apply it on CPU-only
+runs (`--reuse_host_memory`, on by default), and a notebook or script can call it first
+thing.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ import warnings
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
 
 _applied = False
 
@@ -88,8 +86,8 @@ def reuse_freed_memory() -> bool:
   """Keep freed host memory in glibc's heap for reuse (see the module docstring).
 
   Returns True when the setting is in force (also on a repeated call), False where the C
-  library is not glibc or when JAX's backends already exist (then with a warning: the
-  setting would no longer reach XLA's threads).
+  library is not glibc or when JAX's backends already exist (then with a warning: the CPU
+  client's dispatch mode is fixed when it is created).
   """
   global _applied
   if _applied:
@@ -101,7 +99,9 @@ def reuse_freed_memory() -> bool:
     warnings.warn('fedjax_mtl.hostmem.reuse_freed_memory() called after JAX created its '
                   'backends; call it before the first JAX computation', stacklevel=2)
     return False
-  ok = (mallopt(_M_ARENA_MAX, 1) == 1 and mallopt(_M_MMAP_MAX, 0) == 1
-        and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1)
-  _applied = ok
-  return ok
+  if not (mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1):
+    return False
+  import jax
+  jax.config.update('jax_cpu_enable_async_dispatch', False)
+  _applied = True
+  return True

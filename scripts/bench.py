@@ -392,9 +392,9 @@ def main(argv=None):
   p.add_argument('--peak_tflops', type=float, default=0.0,
                  help="the device's peak for --only=mfu (default: known accelerators' bf16 peak)")
   p.add_argument('--json', default='', help='also write the results to this file')
-  p.add_argument('--reuse_host_memory', action='store_true',
-                 help='keep freed host memory for reuse on CPU-only runs (fedjax_mtl.hostmem), '
-                      'as fedjax_mtl.main --reuse_host_memory does')
+  p.add_argument('--reuse_host_memory', action=argparse.BooleanOptionalAction, default=True,
+                 help='keep freed host memory mapped on CPU-only runs (fedjax_mtl.hostmem), '
+                      'as fedjax_mtl.main does by default')
   p.add_argument('--serve', default='', choices=['', *SERVE],
                  help='build one workload, then time one call per stdin line '
                       '(for scripts/compare_torch.py)')

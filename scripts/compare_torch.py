@@ -18,7 +18,7 @@ both), the state dict goes through `fedjax_mtl.models.convert`, and the relative
 
 Workloads: `swin_t_128`, `swin_t_224` (Swin-T + decoder + head local step, batch 8) and
 `hca2` (FedHCA2 aggregation at the paper's scale); see the two scripts' docstrings.
-Extra arguments for the JAX side go after `--jax_args` (e.g. `--reuse_host_memory`).
+Extra arguments for the JAX side go after `--jax_args` (e.g. `--no-reuse_host_memory`).
 """
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ for _ in range(5):
   r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   out = f(a, b, c).block_until_ready()
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
-print(json.dumps({'applied': applied, 'faults': min(faults), 'value': float(out[0, 0])}))
+print(json.dumps({'applied': applied, 'faults': min(faults), 'value': float(out[0, 0]),
+                  'async_dispatch': jax.config.values['jax_cpu_enable_async_dispatch']}))
 '''
 
 
@@ -45,6 +46,8 @@ def test_reuse_freed_memory_removes_the_scratch_buffer_page_faults():
     assert reuse['applied'] is False
     return
   assert reuse['applied'] is True
+  # The scratch buffer is allocated on the calling thread, from the main heap.
+  assert reuse['async_dispatch'] is False and default['async_dispatch'] is True
   # 64 MiB of 4 KiB pages is 16,384 faults when the buffer is mapped afresh.
   assert default['faults'] > 8000, default
   assert reuse['faults'] < 1000, reuse
