@@ -20,9 +20,9 @@ price: the process keeps its peak heap until it exits, and Python waits for each
 computation instead of queueing the next (the engine's round is one computation).
 
 It must run before JAX creates its backends. It is a process-wide setting, so the library
-never applies it by itself; `fedjax_mtl.main` and `scripts/bench.py` apply it on CPU-only
-runs (`--reuse_host_memory`, on by default), and a notebook or script can call it first
-thing.
+never applies it by itself; `fedjax_mtl.main` and `scripts/bench.py` apply it
+(`--reuse_host_memory`, on by default; it does nothing unless JAX runs on the CPU only),
+and a notebook or script can call it first thing.
 """
 
 from __future__ import annotations
@@ -85,13 +85,16 @@ def cpu_only(platforms: str | None = None) -> bool:
 def reuse_freed_memory() -> bool:
   """Keep freed host memory in glibc's heap for reuse (see the module docstring).
 
-  Returns True when the setting is in force (also on a repeated call), False where the C
-  library is not glibc or when JAX's backends already exist (then with a warning: the CPU
-  client's dispatch mode is fixed when it is created).
+  Returns True when the setting is in force (also on a repeated call), False where JAX
+  will not run on the CPU backend only (`cpu_only()`), where the C library is not glibc,
+  or when JAX's backends already exist (then with a warning: the CPU client's dispatch
+  mode is fixed when it is created).
   """
   global _applied
   if _applied:
     return True
+  if not cpu_only():
+    return False
   mallopt = _mallopt()
   if mallopt is None:
     return False

@@ -30,8 +30,8 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   from fedjax_mtl import hostmem
-  if FLAGS.reuse_host_memory and hostmem.cpu_only():
-    hostmem.reuse_freed_memory()  # before JAX starts its threads
+  if FLAGS.reuse_host_memory:
+    hostmem.reuse_freed_memory()  # CPU-only runs; before JAX creates its backends
   import jax
   if FLAGS.xla_cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     jax.config.update('jax_compilation_cache_dir', os.path.expanduser(FLAGS.xla_cache_dir))

@@ -400,7 +400,7 @@ def main(argv=None):
                       '(for scripts/compare_torch.py)')
   a = p.parse_args(argv)
   # Before anything runs on a backend.
-  reuse = a.reuse_host_memory and hostmem.cpu_only() and hostmem.reuse_freed_memory()
+  reuse = a.reuse_host_memory and hostmem.reuse_freed_memory()
   if a.serve:
     serve(SERVE[a.serve])
     return {}

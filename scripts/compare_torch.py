@@ -87,6 +87,10 @@ def compare(workload, torch_python, rounds, jax_args=()):
   out['speedup_best'] = out['torch_best_s'] / out['jax_best_s']
   out['speedup_median'] = out['torch_median_s'] / out['jax_median_s']
   out['speedup_per_round'] = [t / j for j, t in zip(times['jax'], times['torch'])]
+  print(f"{workload:11s} jax best {out['jax_best_s']:.3f} s median {out['jax_median_s']:.3f} s"
+        f" | torch best {out['torch_best_s']:.3f} s median {out['torch_median_s']:.3f} s"
+        f" | speed-up best {out['speedup_best']:.2f}x median {out['speedup_median']:.2f}x",
+        flush=True)
   return out
 
 
@@ -136,19 +140,8 @@ def main(argv=None):
   p.add_argument('--jax_args', nargs=argparse.REMAINDER, default=[],
                  help='passed on to bench.py --serve')
   a = p.parse_args(argv)
-  if a.check_swin:
-    results = check_swin(a.torch_python, a.tol)
-    if a.json:
-      with open(a.json, 'w') as f:
-        json.dump(results, f, indent=2)
-    return results
-  results = []
-  for w in a.workloads:
-    r = compare(w, a.torch_python, a.rounds, a.jax_args)
-    results.append(r)
-    print(f"{w:11s} jax best {r['jax_best_s']:.3f} s median {r['jax_median_s']:.3f} s | "
-          f"torch best {r['torch_best_s']:.3f} s median {r['torch_median_s']:.3f} s | "
-          f"speed-up best {r['speedup_best']:.2f}x median {r['speedup_median']:.2f}x", flush=True)
+  results = (check_swin(a.torch_python, a.tol) if a.check_swin else
+             [compare(w, a.torch_python, a.rounds, a.jax_args) for w in a.workloads])
   if a.json:
     with open(a.json, 'w') as f:
       json.dump(results, f, indent=2)

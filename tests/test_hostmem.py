@@ -79,3 +79,10 @@ def test_cpu_only_without_platforms_looks_for_accelerator_plugins(monkeypatch):
   monkeypatch.setattr(hostmem.importlib.util, 'find_spec',
                       lambda name: object() if name == 'libtpu' else None)
   assert hostmem.cpu_only('') is False
+
+
+def test_reuse_freed_memory_does_nothing_off_cpu(monkeypatch):
+  monkeypatch.setattr(hostmem, 'cpu_only', lambda: False)
+  monkeypatch.setattr(hostmem, '_applied', False)
+  monkeypatch.setattr(hostmem, '_mallopt', lambda: pytest.fail('mallopt called off CPU'))
+  assert hostmem.reuse_freed_memory() is False
