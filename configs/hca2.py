@@ -8,7 +8,7 @@ real PASCAL-Context / NYUD-v2, 100 rounds, batch 8, epochs 1/4, AdamW 1e-4 with 
 `--config.hca2.alpha_init=...`, `--config.hca2.beta_init=...`, `--config.hca2.hyper_lr=...`.
 """
 
-from fedjax_mtl.aggregators.hca2 import default_config
+from fedjax_mtl.algorithms.hca2 import default_config
 from fedjax_mtl.defaults import base_config
 
 

@@ -9,6 +9,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.state import FedState, from_dict, to_dict
 
 PyTree = Any
 
@@ -22,19 +23,32 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
+  @staticmethod
+  def latest_in(directory: str) -> int | None:
+    """Newest checkpointed round under `directory` (None if none); creates nothing."""
+    if not os.path.isdir(directory):
+      return None
+    mngr = ocp.CheckpointManager(os.path.abspath(directory),
+                                 options=ocp.CheckpointManagerOptions(create=False))
+    try:
+      return mngr.latest_step()
+    finally:
+      mngr.close()
+
   def latest_round(self) -> int | None:
     """Number of completed rounds in the newest checkpoint, or None."""
     return self._mngr.latest_step()
 
-  def save(self, rounds_done: int, state: PyTree) -> None:
+  def save(self, rounds_done: int, state: FedState) -> None:
     """Asynchronously save `state` (host copies are made before this returns)."""
-    self._mngr.save(rounds_done, args=ocp.args.StandardSave(state))
+    self._mngr.save(rounds_done, args=ocp.args.StandardSave(to_dict(state)))
 
-  def restore(self, abstract_state: PyTree) -> PyTree:
+  def restore(self, abstract_state: FedState) -> FedState:
     """Restore the newest checkpoint into the structure/shardings of `abstract_state`."""
     step = self._mngr.latest_step()
     try:
-      return self._mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      d = self._mngr.restore(step, args=ocp.args.StandardRestore(to_dict(abstract_state)))
+      return from_dict(abstract_state, d)
     except (ValueError, KeyError, TypeError) as e:
       msg = str(e).splitlines()[0] if str(e) else type(e).__name__
       raise ConfigError(

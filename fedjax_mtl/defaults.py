@@ -94,6 +94,12 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collect
   c.delta_m_reference = ''  # workdir of a Local run: results tables get Δm against it
   c.num_devices = 0  # 0: all visible devices
   c.progress = True
+  # Hyper-parameters of the algorithm wrappers (used when `algorithm` names
+  # them, e.g. 'momentum(fedavg)'; see fedjax_mtl/algorithms/__init__.py).
+  from fedjax_mtl import algorithms
+  c.momentum = algorithms.momentum_config()
+  c.masked = algorithms.masked_config()
+  c.grouped = algorithms.grouped_config()
 
   if variant == 'smoke':
     c.data.resolution = {'pascal': (32, 32), 'nyud': (32, 32)}

@@ -12,13 +12,15 @@ tasks in each client's decoder order). Heads and batch-norm statistics stay loca
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.algorithms.base import merge_view, role_view  # noqa: F401 (re-exported)
 from fedjax_mtl.scenarios import ClientSpec
 
 PyTree = Any
@@ -82,8 +84,23 @@ class Federation:
   @property
   def homo_groups(self) -> tuple[int, ...]:
     """Ids of runs of consecutive clients with the same dataset and task list."""
-    from fedjax_mtl.aggregators.hca2_math import consecutive_group_ids
     return consecutive_group_ids([(c.dataset, c.tasks) for c in self.clients])
+
+  @property
+  def num_examples(self) -> np.ndarray:
+    """[N] local training examples per client."""
+    return np.asarray([c.num_train for c in self.clients], np.float32)
+
+  def num_rows(self, role: str) -> int:
+    return self.num_clients if role == 'encoder' else self.num_decoders
+
+
+def consecutive_group_ids(keys: Sequence[Hashable]) -> tuple[int, ...]:
+  """Group ids for runs of consecutive equal keys, e.g. (dataset, tuple(tasks)) per client."""
+  ids: list[int] = []
+  for i, key in enumerate(keys):
+    ids.append(0 if i == 0 else ids[-1] + (key != keys[i - 1]))
+  return tuple(ids)
 
 
 def build_federation(clients: Sequence[ClientSpec], num_devices: int = 1) -> Federation:
@@ -120,38 +137,44 @@ def build_federation(clients: Sequence[ClientSpec], num_devices: int = 1) -> Fed
   return Federation(clients=tuple(ordered), groups=tuple(groups))
 
 
-def gather_encoders(group_params: Sequence[PyTree], fed: Federation) -> PyTree:
-  """Stack the real clients' encoders of all groups into one `[N, ...]` pytree."""
-  parts = [jax.tree.map(lambda x, n=g.num_real: x[:n], p['encoder'])
-           for p, g in zip(group_params, fed.groups)]
+# Per-client axes of a role's leaves inside a group: encoders are [n, ...];
+# decoders are [n, slots, ...] (one per task slot), stacked as K rows.
+_SLOT_AXIS = {'encoder': False, 'decoder': True}
+
+
+def gather_rows(group_trees: Sequence[PyTree], fed: Federation, role: str) -> PyTree:
+  """Stack the real clients' rows of `role` of all groups: `[N, ...]` encoders, `[K, ...]` decoders."""
+  def rows(x, n):
+    x = x[:n]
+    return x.reshape((-1,) + x.shape[2:]) if _SLOT_AXIS[role] else x
+  parts = [jax.tree.map(lambda x, n=g.num_real: rows(x, n), t)
+           for t, g in zip(group_trees, fed.groups)]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *parts)
 
 
-def gather_decoders(group_params: Sequence[PyTree], fed: Federation) -> PyTree:
-  """Stack all task decoders of all real clients into one `[K, ...]` pytree."""
-  parts = [jax.tree.map(lambda x, n=g.num_real: x[:n].reshape((-1,) + x.shape[2:]),
-                        p['decoders'])
-           for p, g in zip(group_params, fed.groups)]
-  return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *parts)
+def scatter_rows(stacked: PyTree, fed: Federation, role: str,
+                 group_trees: Sequence[PyTree] | None = None) -> list[PyTree]:
+  """Write `gather_rows`' stacked rows back into per-group trees.
 
-
-def scatter(group_params: Sequence[PyTree], fed: Federation, encoders: PyTree,
-            decoders: PyTree) -> list[PyTree]:
-  """Write `[N, ...]` encoders and `[K, ...]` decoders back into the groups."""
+  Padding clients keep their rows of `group_trees` (zeros without them).
+  """
   out = []
-  n0 = k0 = 0
-  for p, g in zip(group_params, fed.groups):
-    n, s = g.num_real, g.num_slots
+  lo = 0
+  for i, g in enumerate(fed.groups):
+    n, slots = g.num_real, g.num_slots
+    per = slots if _SLOT_AXIS[role] else 1
 
-    def put(old, new, lo, size, shape_fn):
-      new = new[lo:lo + size].reshape(shape_fn(old))
-      return jnp.concatenate([new.astype(old.dtype), old[n:]], 0) if g.num_pad else new
+    def put(x, old=None):
+      new = x[lo:lo + n * per]
+      new = new.reshape((n, slots) + x.shape[1:]) if _SLOT_AXIS[role] else new
+      if not g.num_pad:
+        return new if old is None else new.astype(old.dtype)
+      pad = old[n:] if old is not None else jnp.zeros((g.num_pad,) + new.shape[1:], new.dtype)
+      return jnp.concatenate([new.astype(pad.dtype), pad], 0)
 
-    enc = jax.tree.map(lambda o, x: put(o, x, n0, n, lambda o: (n,) + o.shape[1:]),
-                       p['encoder'], encoders)
-    dec = jax.tree.map(lambda o, x: put(o, x, k0, n * s, lambda o: (n,) + o.shape[1:]),
-                       p['decoders'], decoders)
-    out.append({**p, 'encoder': enc, 'decoders': dec})
-    n0 += n
-    k0 += n * s
+    if group_trees is None:
+      out.append(jax.tree.map(put, stacked))
+    else:
+      out.append(jax.tree.map(lambda old, x: put(x, old), group_trees[i], stacked))
+    lo += n * per
   return out

@@ -1,5 +1,9 @@
 """Local training of one client group: jitted, vmapped over clients, scanned over steps.
 
+The algorithm's client part is compiled into the step: its extra loss terms,
+its forward (the model's apply by default), which roles train this round, an
+optional personal model trained alongside (Ditto), and its finalize step.
+
 Each client runs its local epochs of AdamW on its own shuffled data; clients with
 fewer batches get masked padding steps (parameters, optimizer and batch-norm
 states are frozen there). Single-task clients with different tasks share one
@@ -16,7 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.algorithms.base import Algorithm, ClientCtx
 from fedjax_mtl.federation import GroupSpec
+from fedjax_mtl.state import GroupState
 
 PyTree = Any
 
@@ -87,14 +93,15 @@ def client_plan(index_row: jax.Array, count: jax.Array, key: jax.Array, epochs: 
   return idx.reshape(-1, batch_size), mask.reshape(-1)
 
 
-def make_loss_fn(group: GroupSpec, model_train) -> Callable:
-  """Loss of one client on one batch: weighted sum over its task slots."""
+def make_task_loss(group: GroupSpec) -> Callable:
+  """`loss(outs, batch, task_ids) -> (weighted total, [slots] losses)` of one client.
+
+  Each slot's loss is the loss of the task the client holds in that slot,
+  selected by task id where a slot holds different tasks across the group.
+  """
   info = tasks_lib.DATASETS[group.dataset]
 
-  def loss_fn(params, batch_stats, task_ids, batch, key):
-    outs, new_state = model_train.apply(
-        {'params': params, 'batch_stats': batch_stats}, batch['image'],
-        rngs={'dropout': key}, mutable=['batch_stats'])
+  def loss(outs, batch, task_ids):
     slot_losses = []
     for s, out in enumerate(outs):
       per_task = []
@@ -105,41 +112,104 @@ def make_loss_fn(group: GroupSpec, model_train) -> Callable:
         per_task.append((loss, info.loss_weights[t] * loss))
       slot_losses.append((sum(l for l, _ in per_task), sum(w for _, w in per_task)))
     total = sum(w for _, w in slot_losses)
-    return total, (new_state['batch_stats'], jnp.stack([l for l, _ in slot_losses]))
+    return total, jnp.stack([l for l, _ in slot_losses])
 
-  return loss_fn
+  return loss
+
+
+def model_apply(model_train) -> Callable:
+  """`apply(params, batch_stats, image, key) -> (outputs, new batch_stats)` in train mode."""
+  def apply(params, batch_stats, image, key):
+    outs, new_state = model_train.apply(
+        {'params': params, 'batch_stats': batch_stats}, image,
+        rngs={'dropout': key}, mutable=['batch_stats'])
+    return outs, new_state['batch_stats']
+  return apply
+
+
+def trainable_mask(labels: PyTree, alg: Algorithm, round_idx: jax.Array) -> PyTree | None:
+  """Per-leaf "this leaf trains this round" (frozen roles and the client's
+  `trainable(round)`), or None when every leaf trains (no masking compiled)."""
+  dynamic = alg.client.trainable(round_idx) if alg.client.trainable is not None else {}
+  def one(role):
+    if alg.roles.get(role) == 'frozen':
+      return dynamic.get(role, False)
+    return dynamic.get(role, True)
+  mask = jax.tree.map(one, labels)
+  if all(m is True for m in jax.tree.leaves(mask)):
+    return None
+  return mask
+
+
+def _sgd_step(tx, lr_t, grads, opt_state, params, mask):
+  """One optimizer step; frozen leaves keep their value (their step size is zero,
+  as a zero learning rate for a parameter group would do: the optimizer's
+  moments still see their gradients)."""
+  updates, new_opt = tx.update(grads, opt_state, params)
+  new_params = jax.tree.map(lambda p, u: p - lr_t * u, params, updates)
+  if mask is not None:
+    new_params = jax.tree.map(lambda m, a, b: jnp.where(m, a, b), mask, new_params, params)
+  return new_params, new_opt
 
 
 def _make_client_scan(group: GroupSpec, model_train, tx: optax.GradientTransformation,
-                      get_batch: Callable) -> Callable:
-  """`scan(params, batch_stats, opt_state, tids, xs, key) -> (..., loss_sum)` of one client.
+                      alg: Algorithm, labels: PyTree, get_batch: Callable) -> Callable:
+  """`scan(cs, start, tids, xs, key, round) -> (cs, loss_sum)` of one client.
 
-  `xs` = (batch source, mask, lr, step) per step; `get_batch(source)` gives the
-  step's batch (a gather from device-resident arrays, or the streamed batch).
-  Masked steps leave parameters, batch-norm and optimizer states unchanged.
+  `cs` is the client's `GroupState` slice, `start` the params it started the
+  round from; `xs` = (batch source, mask, lr, step) per step; `get_batch(source)`
+  gives the step's batch (a gather from device-resident arrays, or the streamed
+  batch). Masked steps leave parameters, batch-norm and optimizer states (and
+  the personal model) unchanged.
   """
-  grad_fn = jax.value_and_grad(make_loss_fn(group, model_train), has_aux=True)
+  task_loss = make_task_loss(group)
+  apply = model_apply(model_train)
+  client = alg.client
 
-  def scan(params, batch_stats, opt_state, tids, xs, key):
+  def loss_fn(params, batch_stats, start, cs, tids, batch, key, extra):
+    outs, new_bs = client.forward(apply, params, start, batch_stats, batch['image'], key)
+    total, slot_losses = task_loss(outs, batch, tids)
+    if extra is not None:
+      total = total + extra(ClientCtx(params=params, start=start, state=cs.client,
+                                      server_rows=cs.server_rows, labels=labels,
+                                      batch=batch))
+    return total, (new_bs, slot_losses)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def scan(cs: GroupState, start, tids, xs, key, round_idx):
+    mask = trainable_mask(labels, alg, round_idx)
+
     def step(carry, inp):
-      params, batch_stats, opt_state = carry
+      cs = carry
       src, m_t, lr_t, t = inp
       batch = dict(get_batch(src))
       batch['image'] = normalize_image(batch['image'], batch.pop('box', None))
+      key_t = jax.random.fold_in(key, t)
       (_, (new_bs, slot_loss)), grads = grad_fn(
-          params, batch_stats, tids, batch, jax.random.fold_in(key, t))
-      updates, new_opt = tx.update(grads, opt_state, params)
-      new_params = jax.tree.map(lambda p, u: p - lr_t * u, params, updates)
-      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(m_t, a, b), new, old)
-      carry = (keep(new_params, params), keep(new_bs, batch_stats),
-               keep(new_opt, opt_state))
-      return carry, slot_loss * m_t
+          cs.params, cs.batch_stats, start, cs, tids, batch, key_t, client.loss)
+      new_params, new_opt = _sgd_step(tx, lr_t, grads, cs.opt_state, cs.params, mask)
+      new = cs.replace(params=new_params, batch_stats=new_bs, opt_state=new_opt)
+      if client.personal_model:
+        p_params, p_bs, p_opt = cs.personal
+        (_, (p_new_bs, _)), p_grads = grad_fn(
+            p_params, p_bs, start, cs, tids, batch, jax.random.fold_in(key_t, 1),
+            client.personal_loss)
+        p_params, p_opt = _sgd_step(tx, lr_t, p_grads, p_opt, p_params, mask)
+        new = new.replace(personal=(p_params, p_new_bs, p_opt))
+      keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(m_t, x, y), a, b)
+      return keep(new, cs), slot_loss * m_t
 
-    (params, batch_stats, opt_state), losses = jax.lax.scan(
-        step, (params, batch_stats, opt_state), xs)
-    return params, batch_stats, opt_state, jnp.sum(losses, 0)
+    cs, losses = jax.lax.scan(step, cs, xs)
+    return cs, jnp.sum(losses, 0)
 
   return scan
+
+
+def finalize_group(alg: Algorithm, gstate: GroupState, start: PyTree) -> tuple[GroupState, PyTree]:
+  """The client part's finalize on every client: (new group state, uploads)."""
+  upload, cstate = jax.vmap(alg.client.finalize)(gstate.params, start, gstate.client)
+  return gstate.replace(client=cstate), upload
 
 
 def _client_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
@@ -149,12 +219,15 @@ def _client_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
 
 
 def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
-                       optim_cfg, batch_size: int, total_rounds: int) -> Callable:
+                       optim_cfg, batch_size: int, total_rounds: int, alg: Algorithm,
+                       labels: PyTree) -> Callable:
   """Returns `train(gstate, data, round, key) -> (gstate, metrics)` for this group.
 
-  `gstate` = {'params', 'batch_stats', 'opt_state'} with a leading client axis;
-  `data` = the dataset's train arrays (shared by all clients of the group),
-  on device; each client's batches are gathered by index inside the step.
+  `gstate` is the group's `GroupState` (leading client axis); `data` = the
+  dataset's train arrays (shared by all clients of the group), on device; each
+  client's batches are gathered by index inside the step. The returned params
+  are the clients' trained params; `metrics` has per-client 'loss' [n, slots]
+  and 'steps' [n].
   """
   epochs = group.local_epochs
   index_table = jnp.asarray(group.index_table)
@@ -162,15 +235,14 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   task_ids = jnp.asarray(group.task_ids)
   used = ('image',) + group.tasks_used
 
-  def train_client(params, batch_stats, opt_state, tids, idx, mask, lrs, data, key):
-    scan = _make_client_scan(group, model_train, tx,
+  def train_client(cs, tids, idx, mask, lrs, data, key, round_idx):
+    scan = _make_client_scan(group, model_train, tx, alg, labels,
                              lambda i: {k: data[k][i] for k in used})
     steps = jnp.arange(idx.shape[0])
-    params, batch_stats, opt_state, loss_sum = scan(
-        params, batch_stats, opt_state, tids, (idx, mask, lrs, steps), key)
-    return params, batch_stats, opt_state, loss_sum / jnp.maximum(jnp.sum(mask), 1)
+    cs, loss_sum = scan(cs, cs.params, tids, (idx, mask, lrs, steps), key, round_idx)
+    return cs, loss_sum / jnp.maximum(jnp.sum(mask), 1)
 
-  def train(gstate, data, round_idx, key):
+  def train(gstate: GroupState, data, round_idx, key):
     keys, step_keys = _client_keys(key, group.num_total)
     plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
     idx, mask = jax.vmap(lambda r, c, k: client_plan(r, c, k, epochs, batch_size))(
@@ -178,38 +250,35 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     steps_per_epoch = idx.shape[1] // epochs
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
     lrs = epoch_lr(epoch_of_step, optim_cfg, total_rounds * epochs)
-    params, bstats, opt, loss = jax.vmap(
-        train_client, in_axes=(0, 0, 0, 0, 0, 0, None, None, 0))(
-            gstate['params'], gstate['batch_stats'], gstate['opt_state'], task_ids,
-            idx, mask, lrs, data, step_keys)
-    metrics = {'loss': loss, 'steps': jnp.sum(mask, 1)}
-    return {'params': params, 'batch_stats': bstats, 'opt_state': opt}, metrics
+    gstate, loss = jax.vmap(train_client, in_axes=(0, 0, 0, 0, None, None, 0, None))(
+        gstate, task_ids, idx, mask, lrs, data, step_keys, round_idx)
+    return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1)}
 
   return train
 
 
 def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
-                       optim_cfg, total_rounds: int) -> Callable:
-  """Returns `train_chunk(gstate, acc, chunk, key) -> (gstate, acc)` for streamed data.
+                       optim_cfg, total_rounds: int, alg: Algorithm, labels: PyTree) -> Callable:
+  """Returns `train_chunk(gstate, start, acc, chunk, key, round) -> (gstate, acc)` for streamed data.
 
-  `chunk` = {'x': batches [n, T, B, ...], 'mask' [n, T], 'epoch' [T] absolute
-  local epochs, 'step' [T] positions in the round}; `key` is the group's round
-  key (as in `make_group_trainer`, so dropout streams match per step).
-  `acc` = {'loss_sum' [n, slots], 'steps' [n]} accumulates over a round's chunks.
+  `start` = the group's params at the start of the round; `chunk` = {'x':
+  batches [n, T, B, ...], 'mask' [n, T], 'epoch' [T] absolute local epochs,
+  'step' [T] positions in the round}; `key` is the group's round key (as in
+  `make_group_trainer`, so dropout streams match per step). `acc` =
+  {'loss_sum' [n, slots], 'steps' [n]} accumulates over a round's chunks.
   """
   task_ids = jnp.asarray(group.task_ids)
-  scan = _make_client_scan(group, model_train, tx, lambda b: b)
+  scan = _make_client_scan(group, model_train, tx, alg, labels, lambda b: b)
   total_epochs = total_rounds * group.local_epochs
 
-  def train_chunk(gstate, acc, chunk, key):
+  def train_chunk(gstate, start, acc, chunk, key, round_idx):
     _, step_keys = _client_keys(key, group.num_total)
     lrs = epoch_lr(chunk['epoch'], optim_cfg, total_epochs)
-    params, bstats, opt, loss_sum = jax.vmap(
-        lambda p, b, o, t, x, m, k: scan(p, b, o, t, (x, m, lrs, chunk['step']), k))(
-            gstate['params'], gstate['batch_stats'], gstate['opt_state'], task_ids,
-            chunk['x'], chunk['mask'], step_keys)
+    gstate, loss_sum = jax.vmap(
+        lambda cs, s, t, x, m, k: scan(cs, s, t, (x, m, lrs, chunk['step']), k, round_idx))(
+            gstate, start, task_ids, chunk['x'], chunk['mask'], step_keys)
     acc = {'loss_sum': acc['loss_sum'] + loss_sum,
            'steps': acc['steps'] + jnp.sum(chunk['mask'], 1)}
-    return {'params': params, 'batch_stats': bstats, 'opt_state': opt}, acc
+    return gstate, acc
 
   return train_chunk

@@ -8,6 +8,8 @@ import json
 import os
 from typing import Iterable
 
+import numpy as np
+
 from fedjax_mtl.tasks import LOWER_IS_BETTER
 
 
@@ -52,6 +54,14 @@ def final_eval_rows(path: str) -> list[dict]:
     return []
   last = max(r['round'] for r in rows)
   return [r for r in rows if r['round'] == last]
+
+
+def seconds_per_round(path: str) -> float:
+  """Median wall seconds of a run's rounds after the first (which compiles) and without
+  evaluation, from its timing.jsonl (NaN if there are none)."""
+  rows = read_jsonl(path) if os.path.exists(path) else []
+  steady = [r['seconds'] for r in rows if r['round'] > 1 and not r.get('eval')]
+  return float(np.median(steady)) if steady else float('nan')
 
 
 def lower_is_better(task: str, metric: str) -> bool:

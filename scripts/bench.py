@@ -7,6 +7,8 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=swin           # Swin-T local step, 128 and 224, batch 8
     python scripts/bench.py --only=swin_memory    # Swin-T step memory at 512, fp32/bf16 x remat
     python scripts/bench.py --only=mfu            # Swin-T step at 512, batch 8, bf16: MFU (GPU)
+    python scripts/bench.py --only=algorithms     # round and local step of every algorithm
+    python scripts/bench.py --only=rules          # every server rule at paper scale vs a read
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -27,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import hostmem, local, train
+from fedjax_mtl import feeds, hostmem, local, train
 from fedjax_mtl.defaults import base_config
 from compare_torch import serve
 
@@ -57,18 +59,18 @@ def _one_client_group(spec, j):
       index_table=spec.index_table[j:j + 1], counts=spec.counts[j:j + 1])
 
 
-def bench_engine(variant: str, repeats: int) -> dict:
-  cfg = base_config(variant, 'fedavg')
-  cfg.progress = False
+def bench_engine(variant: str, repeats: int, algorithm: str = 'fedavg') -> dict:
+  cfg = algorithm_config(algorithm, variant)
   exp = train.build(cfg)
   state = train.init_state(exp)
-  train_data, _ = train.device_data(exp)
-  out = {'config': f'configs/fedavg.py:{variant}' if variant != 'default' else
-         'configs/fedavg.py', 'clients': exp.fed.num_clients}
+  feed = feeds.InMemoryFeed(exp)
+  train_data = feed.train_data
+  out = {'config': f'configs/{algorithm}.py:{variant}' if variant != 'default' else
+         f'configs/{algorithm}.py', 'clients': exp.fed.num_clients}
 
-  # Whole round: compile, then wall time per round.
+  # Whole round: compile, then wall time per round (the engine's jitted round).
   t0 = time.perf_counter()
-  compiled = exp.round_fn.lower(state, train_data).compile()
+  compiled = feed.round_fn.lower(state, train_data).compile()
   out['round_compile_s'] = time.perf_counter() - t0
   holder = {'s': state}
 
@@ -83,11 +85,11 @@ def bench_engine(variant: str, repeats: int) -> dict:
   g = max(range(len(exp.fed.groups)), key=lambda i: exp.fed.groups[i].num_real)
   spec, model = exp.fed.groups[g], exp.models_train[g]
   data = train_data[spec.dataset]['train']
-  gstate = holder['s']['groups'][g]
+  gstate = holder['s'].groups[g]
   key = jax.random.PRNGKey(0)
   rnd = jnp.int32(1)
   vm = jax.jit(local.make_group_trainer(spec, model, exp.tx, cfg.optim, cfg.batch_size,
-                                        cfg.num_rounds))
+                                        cfg.num_rounds, exp.algorithm, exp.labels[g]))
   t0 = time.perf_counter()
   vm_c = vm.lower(gstate, data, rnd, key).compile()
   out['group_step_compile_s'] = time.perf_counter() - t0
@@ -99,7 +101,7 @@ def bench_engine(variant: str, repeats: int) -> dict:
   for j in range(spec.num_real):
     sub = _one_client_group(spec, j)
     fn = jax.jit(local.make_group_trainer(sub, model, exp.tx, cfg.optim, cfg.batch_size,
-                                          cfg.num_rounds))
+                                          cfg.num_rounds, exp.algorithm, exp.labels[g]))
     sub_state = jax.tree.map(lambda x, j=j: x[j:j + 1], gstate)
     singles.append((fn, sub_state))
 
@@ -118,24 +120,14 @@ def bench_engine(variant: str, repeats: int) -> dict:
   return out
 
 
-def hca2_runners(num_clients: int = 6, num_decoders: int = 9) -> dict:
-  """One full FedHCA2 aggregation at the paper's scale, compiled and warmed up.
-
-  N Swin-T encoders (27.5M parameters each) and K FedHCA2 decoders for Swin-T
-  features (175,776 parameters each), random updates; times the jitted rule
-  (hypergradient step + conflict-averse encoders + cross-attention decoders)
-  from the second round on, all on device. `aggregate_s` allocates fresh
-  output buffers on every call; `aggregate_donated_s` donates the rule's state
-  and the local encoders/decoders and feeds the outputs back, as inside the
-  engine's round (where the new parameters may reuse those buffers).
-
-  Returns the two calls (`run`, `run_donated`), the compile time and the sizes.
-  """
-  from fedjax_mtl.aggregators import AggInfo, AggInputs, get_aggregator
+def paper_scale_views(num_clients: int = 6, num_decoders: int = 9) -> dict:
+  """Round-start and uploaded rows at the paper's scale: N Swin-T encoders (27.5M
+  parameters each) and K FedHCA2 decoders for Swin-T features (175,776 each),
+  random updates of 1e-3 relative size; and the `FedInfo` of scenario 1c
+  (5 single-task clients + one client holding the other K - 5 decoders)."""
+  from fedjax_mtl.algorithms import FedInfo
   from fedjax_mtl.models import get_encoder
-  from fedjax_mtl.models.decoder import Decoder
-  import ml_collections
-  from fedjax_mtl.aggregators.hca2 import default_config
+  from fedjax_mtl.models.decoder import DECODER_LAYERS, Decoder
 
   enc_model = get_encoder('swin_t')
   enc_shapes = jax.eval_shape(lambda: enc_model.init(
@@ -143,8 +135,6 @@ def hca2_runners(num_clients: int = 6, num_decoders: int = 9) -> dict:
   feats = [jnp.zeros((1, 56 // 2**i, 56 // 2**i, 96 * 2**i)) for i in range(4)]
   dec_shapes = jax.eval_shape(
       lambda: Decoder(96, train=True).init(jax.random.PRNGKey(0), feats))['params']
-  n_enc = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(enc_shapes))
-  n_dec = sum(int(np.prod(s.shape)) for s in jax.tree.leaves(dec_shapes))
 
   def stacked(shapes, lead, key, scale):
     leaves, tdef = jax.tree.flatten(shapes)
@@ -157,42 +147,81 @@ def hca2_runners(num_clients: int = 6, num_decoders: int = 9) -> dict:
                             stacked(dec_shapes, num_decoders, k, 1e-2)))
   enc_prev, dec_prev = make(jax.random.PRNGKey(0))
   d_enc, d_dec = make(jax.random.PRNGKey(1))
-  d_enc = jax.tree.map(lambda d: d * 1e-3, d_enc)
-  d_dec = jax.tree.map(lambda d: d * 1e-3, d_dec)
-  add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+  add = jax.jit(lambda a, b: jax.tree.map(lambda x, d: x + 1e-3 * d, a, b))
   enc_local, dec_local = add(enc_prev, d_enc), add(dec_prev, d_dec)
-  info = AggInfo(num_clients=num_clients, num_decoders=num_decoders,
-                 decoder_client=tuple(range(num_decoders)),
+  st = num_clients - 1
+  owners = tuple(range(st)) + (st,) * (num_decoders - st)
+  info = FedInfo(num_clients=num_clients, num_decoders=num_decoders, decoder_client=owners,
                  decoder_names=tuple(map(str, range(num_decoders))),
                  client_names=tuple(map(str, range(num_clients))),
-                 homo_groups=tuple(range(num_clients)))
-  cfg = ml_collections.ConfigDict({'hca2': default_config()})
-  rule = get_aggregator('hca2', info, cfg)
-  state = jax.jit(rule.init)(enc_prev, dec_prev)
-  inputs = AggInputs(enc_prev, enc_local, dec_prev, dec_local, jnp.int32(1))
-  apply = jax.jit(rule.apply)
+                 homo_groups=tuple(range(num_clients)), decoder_layers=DECODER_LAYERS,
+                 num_rounds=100,
+                 client_keys=tuple(('pascal', str(c)) for c in range(num_clients)),
+                 decoder_keys=tuple(('pascal', str(owners[k])) for k in range(num_decoders)))
+  return {'prev': {'encoder': enc_prev, 'decoder': dec_prev},
+          'local': {'encoder': enc_local, 'decoder': dec_local}, 'info': info,
+          'encoder_params': sum(int(np.prod(s.shape)) for s in jax.tree.leaves(enc_shapes)),
+          'decoder_params': sum(int(np.prod(s.shape)) for s in jax.tree.leaves(dec_shapes))}
+
+
+def rule_runners(spec: str = 'hca2', views: dict | None = None, **blocks) -> dict:
+  """One server step of algorithm `spec` at the paper's scale, compiled and warmed up.
+
+  Times the jitted server part as the engine calls it on the shared roles'
+  rows, from the second round on. `aggregate_s` allocates fresh output
+  buffers on every call; `aggregate_donated_s` donates the server state and
+  the uploaded rows and feeds the outputs back, as inside the engine's round
+  (where the new parameters may reuse those buffers). `blocks` are config
+  blocks, e.g. matfl={'mode': 'soft'}.
+
+  Returns the two calls (`run`, `run_donated`), the compile time, the sizes
+  and the bytes of the rows the rule reads.
+  """
+  import ml_collections
+  from fedjax_mtl.algorithms import ServerInputs, ServerState, get_algorithm
+  v = views or paper_scale_views()
+  info = v['info']
+  cfg = ml_collections.ConfigDict({k: dict(b) for k, b in blocks.items()})
+  alg = get_algorithm(spec, info, cfg)
+  roles = alg.shared_roles
+  prev = {r: v['prev'][r] for r in roles}
+  local_ = {r: v['local'][r] for r in roles}
+  n = info.num_clients
+  state = jax.jit(alg.server.init)(prev)
+  const = dict(num_examples=jnp.full((n,), 100., jnp.float32),
+               num_steps=jnp.full((n,), 125, jnp.int32), client_ids=jnp.arange(n),
+               round=jnp.int32(1))
+  inputs = ServerInputs(prev=prev, local=local_, **const)
   t0 = time.perf_counter()
-  compiled = apply.lower(state, inputs).compile()
+  compiled = jax.jit(alg.server.apply).lower(state, inputs).compile()
   compile_s = time.perf_counter() - t0
   run = lambda: jax.block_until_ready(compiled(state, inputs))
   run()
 
-  def apply_local(state, enc_local, dec_local, enc_prev, dec_prev, round_):
-    return rule.apply(state, AggInputs(enc_prev, enc_local, dec_prev, dec_local, round_))
+  def apply_local(shared, rows, local_, prev):
+    return alg.server.apply(ServerState(shared, rows), ServerInputs(prev=prev, local=local_,
+                                                                     **const))
 
   donated = jax.jit(apply_local, donate_argnums=(0, 1, 2)).lower(
-      state, enc_local, dec_local, enc_prev, dec_prev, inputs.round).compile()
-  holder = {'args': jax.tree.map(jnp.copy, (state, enc_local, dec_local))}
+      state.shared, state.rows, local_, prev).compile()
+  holder = {'args': jax.tree.map(jnp.copy, (state.shared, state.rows, local_))}
 
   def run_donated():
-    enc, dec, new_state, logs = donated(*holder['args'], enc_prev, dec_prev, inputs.round)
-    jax.block_until_ready((enc, dec, new_state, logs))
-    holder['args'] = (new_state, enc, dec)
+    new, st, logs = donated(*holder['args'], prev)
+    jax.block_until_ready((new, st, logs))
+    holder['args'] = (st.shared, st.rows, new)
 
   run_donated()
+  read = sum(x.nbytes for t in (prev, local_) for x in jax.tree.leaves(t))
   return {'run': run, 'run_donated': run_donated, 'compile_s': compile_s,
-          'num_clients': num_clients, 'encoder_params': n_enc,
-          'num_decoders': num_decoders, 'decoder_params': n_dec}
+          'num_clients': n, 'encoder_params': v['encoder_params'],
+          'num_decoders': info.num_decoders, 'decoder_params': v['decoder_params'],
+          'read_bytes': read, 'roles': roles}
+
+
+def hca2_runners(num_clients: int = 6, num_decoders: int = 9) -> dict:
+  """`rule_runners` of FedHCA2 (conflict-averse encoders, cross-attention decoders)."""
+  return rule_runners('hca2', paper_scale_views(num_clients, num_decoders))
 
 
 def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) -> dict:
@@ -203,6 +232,120 @@ def bench_hca2(num_clients: int = 6, num_decoders: int = 9, repeats: int = 3) ->
           'compile_s': r['compile_s'], 'aggregate_s': _timeit(r['run'], repeats),
           'aggregate_donated_s': _timeit(r['run_donated'], repeats),
           'peak_memory_mb': peak_memory_mb()}
+
+
+def algorithm_config(algorithm: str, variant: str = 'default'):
+  """The config of `configs/<algorithm>.py:<variant>` (progress off)."""
+  import importlib.util
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+      f'cfg_{algorithm}', os.path.join(root, 'configs', f'{algorithm}.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  cfg = mod.get_config(None if variant == 'default' else variant)
+  cfg.progress = False
+  return cfg
+
+
+def round_runner(algorithm: str = 'fedavg', variant: str = 'default'):
+  """(one engine round of `configs/<algorithm>.py`, compile seconds): the feed's jitted
+  round with its donation, state fed back from call to call."""
+  exp = train.build(algorithm_config(algorithm, variant))
+  feed = feeds.InMemoryFeed(exp)
+  holder = {'s': train.init_state(exp)}
+  t0 = time.perf_counter()
+  compiled = feed.round_fn.lower(holder['s'], feed.train_data).compile()
+  compile_s = time.perf_counter() - t0
+
+  def run():
+    holder['s'], m = compiled(holder['s'], feed.train_data)
+    jax.block_until_ready(m)
+
+  run()
+  return run, compile_s
+
+
+def group_step_runner(algorithm: str, variant: str = 'default'):
+  """One round of local training of the largest client group (the vmapped, scanned
+  step with the algorithm's client part), jitted."""
+  cfg = algorithm_config(algorithm, variant)
+  exp = train.build(cfg)
+  state = train.init_state(exp)
+  data = feeds.device_data(exp)[0]
+  g = max(range(len(exp.fed.groups)), key=lambda i: exp.fed.groups[i].num_real)
+  spec = exp.fed.groups[g]
+  fn = jax.jit(local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
+                                        cfg.batch_size, cfg.num_rounds, exp.algorithm,
+                                        exp.labels[g])).lower(
+      state.groups[g], data[spec.dataset]['train'], jnp.int32(1),
+      jax.random.PRNGKey(0)).compile()
+  run = lambda: jax.block_until_ready(fn(state.groups[g], data[spec.dataset]['train'],
+                                         jnp.int32(1), jax.random.PRNGKey(0)))
+  run()
+  return run
+
+
+ALGORITHMS = ('local', 'fedavg', 'fedprox', 'fedper', 'ditto', 'fedamp', 'fedbabu', 'fedsta',
+              'matfl', 'hca2')
+
+
+def bench_algorithms(variant: str = 'default', repeats: int = 3,
+                     names: tuple[str, ...] = ALGORITHMS) -> dict:
+  """Round time of every algorithm on one config (compiled round, best of `repeats`), and
+  its largest group's local training alone; ratios against FedAvg."""
+  out = {}
+  for name in names:
+    run, compile_s = round_runner(name, variant)
+    out[f'{name}_round_s'] = _timeit(run, repeats)
+    out[f'{name}_compile_s'] = compile_s
+    out[f'{name}_group_step_s'] = _timeit(group_step_runner(name, variant), repeats)
+  if 'fedavg' in names:
+    for name in names:
+      out[f'{name}_round_vs_fedavg'] = out[f'{name}_round_s'] / out['fedavg_round_s']
+      out[f'{name}_step_vs_fedavg'] = out[f'{name}_group_step_s'] / out['fedavg_group_step_s']
+  return out
+
+
+# Server rules timed at the paper's scale (`--only=rules`): name -> (spec, config blocks).
+RULES = {
+    'fedavg': ('fedavg', {}),
+    'fedper (encoders only)': ('fedper', {}),
+    'fedamp': ('fedamp', {}),
+    'fedsta': ('fedsta', {}),
+    'matfl hard': ('matfl', {'matfl': {'mode': 'hard', 'num_clusters': 2, 'th': 0.0}}),
+    'matfl soft': ('matfl', {'matfl': {'mode': 'soft', 'num_clusters': 2, 'th': 0.0}}),
+    'momentum(fedavg)': ('momentum(fedavg)', {}),
+    'masked(fedavg) rho=0.3': ('masked(fedavg)', {'masked': {'rho': 0.3, 'rescale': True}}),
+    'hca2': ('hca2', {}),
+}
+
+
+def read_floor_s(views: dict, roles, repeats: int = 3) -> float:
+  """Seconds of one XLA read of the rows a rule must read: sum(local - prev) per leaf."""
+  prev = {r: views['prev'][r] for r in roles}
+  local_ = {r: views['local'][r] for r in roles}
+  f = jax.jit(lambda a, b: sum(jnp.sum(x - y) for x, y in zip(jax.tree.leaves(a),
+                                                               jax.tree.leaves(b))))
+  f(local_, prev).block_until_ready()
+  return _timeit(lambda: f(local_, prev).block_until_ready(), repeats)
+
+
+def bench_rules(repeats: int = 3, names=None) -> dict:
+  """Every server rule at Swin-T scale (N = 6, K = 9), donated as in the round, against
+  the time of one read of its inputs."""
+  views = paper_scale_views()
+  out = {}
+  for name in names or RULES:
+    spec, blocks = RULES[name]
+    r = rule_runners(spec, views, **blocks)
+    t = _timeit(r['run_donated'], repeats)
+    floor = read_floor_s(views, r['roles'], repeats)
+    out[f'{name}: donated_s'] = t
+    out[f'{name}: read_floor_s'] = floor
+    out[f'{name}: vs_floor'] = t / floor
+    out[f'{name}: read_GB'] = r['read_bytes'] / 1e9
+    del r
+  return out
 
 
 def _swin_task(encoder: str, dtype=jnp.float32, remat: bool = False):
@@ -245,7 +388,7 @@ def _abstract_step(encoder: str, resolution: int, batch: int, dtype=jnp.float32,
 def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t',
                      dtype=jnp.float32, remat: bool = False):
   """(run, compile_s): one compiled, warmed-up local training step of `_swin_task`."""
-  from fedjax_mtl.train import KEEP_REMAT_ON_CPU
+  from fedjax_mtl.experiment import KEEP_REMAT_ON_CPU
   init, _, step = _swin_task(encoder, dtype, remat)
   x = jnp.zeros((batch, resolution, resolution, 3), jnp.float32)
   y = jnp.zeros((batch, resolution, resolution), jnp.int32)
@@ -319,7 +462,7 @@ def bench_swin_memory(resolution: int = 512, batch: int = 8, encoder: str = 'swi
     its bf16 `temp` overstates an accelerator's; `activations` does not.
   """
   from jax._src.ad_checkpoint import saved_residuals
-  from fedjax_mtl.train import KEEP_REMAT_ON_CPU
+  from fedjax_mtl.experiment import KEEP_REMAT_ON_CPU
   out = {'encoder': encoder, 'resolution': resolution, 'batch': batch}
   for dtype in (jnp.float32, jnp.bfloat16):
     for remat in (False, True):
@@ -374,6 +517,7 @@ def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
 
 
 SERVE = {
+    'fedavg_round': lambda: round_runner('fedavg')[0],
     'swin_t_128': lambda: swin_step_runner(128)[0],
     'swin_t_224': lambda: swin_step_runner(224)[0],
     'hca2': lambda: hca2_runners()['run_donated'],
@@ -385,7 +529,10 @@ def main(argv=None):
   p.add_argument('--variant', default='default', help="config variant: default|smoke|paper")
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--only', default='all',
-                 choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu', 'all'])
+                 choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
+                          'algorithms', 'rules', 'all'])
+  p.add_argument('--algorithms', default=','.join(ALGORITHMS),
+                 help='--only=algorithms: comma-separated algorithm configs to time')
   p.add_argument('--mfu_resolution', type=int, default=512)
   p.add_argument('--mfu_dtype', default='bfloat16', choices=['bfloat16', 'float32'])
   p.add_argument('--mfu_remat', action='store_true')
@@ -417,13 +564,19 @@ def main(argv=None):
   if a.only in ('swin', 'all'):
     for res in (128, 224):
       results[f'swin_t_{res}'] = bench_swin_step(res, repeats=a.repeats)
+  if a.only == 'algorithms':  # not in 'all': one round compile per algorithm
+    results['algorithms'] = bench_algorithms(a.variant, a.repeats,
+                                             tuple(a.algorithms.split(',')))
+  if a.only == 'rules':  # not in 'all': nine compiles at Swin-T scale
+    results['rules'] = bench_rules(a.repeats)
   if a.only == 'swin_memory':  # not in 'all': four compiles at 512x512
     results['swin_memory'] = bench_swin_memory()
   if a.only == 'mfu':  # not in 'all': a 512x512 step is for accelerators
     results['mfu'] = bench_mfu(a.mfu_resolution, dtype=a.mfu_dtype, remat=a.mfu_remat,
                                repeats=a.repeats, peak_tflops=a.peak_tflops)
   print(f"reuse_host_memory{'':17s} {reuse}")
-  for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu'):
+  for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
+               'algorithms', 'rules'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

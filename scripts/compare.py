@@ -8,8 +8,9 @@
 Each `--run` is `NAME=CONFIG[:ARG] [field=value ...]` (overrides as dotted
 config fields). Runs go to OUT/NAME/seed<S> (finished runs are read back, not
 redone; interrupted ones resume). The table has one row per method, one column
-per client task (final round, mean ± std over seeds) and Δm against the run
-named by --reference (default `local`), written to OUT/comparison.md and .csv.
+per client task (final round, mean ± std over seeds), Δm against the run
+named by --reference (default `local`) and the median seconds per round
+(rounds after the first, without evaluation), written to OUT/comparison.md and .csv.
 """
 
 from __future__ import annotations
@@ -64,17 +65,20 @@ def _lower(key: str) -> bool:
 
 
 def comparison_table(results: dict[str, list[dict[str, float]]],
-                     reference: str) -> tuple[str, str]:
-  """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm last."""
+                     reference: str, seconds: dict[str, list[float]] | None = None
+                     ) -> tuple[str, str]:
+  """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm, then the
+  seconds per round when `seconds` (method -> per-seed values) is given."""
   cols = list(next(iter(results.values()))[0])
   ref_runs = results.get(reference)
   md = io.StringIO()
   arrows = [c + ('↓' if _lower(c) else '↑') for c in cols]
-  md.write('| method | ' + ' | '.join(arrows) + ' | Δm (%) ↑ |\n')
-  md.write('|---' * (len(cols) + 2) + '|\n')
+  extra = ' s/round |' if seconds else ''
+  md.write('| method | ' + ' | '.join(arrows) + ' | Δm (%) ↑ |' + extra + '\n')
+  md.write('|---' * (len(cols) + 2 + bool(seconds)) + '|\n')
   buf = io.StringIO()
   w = csv.writer(buf)
-  w.writerow(['method'] + cols + ['delta_m'])
+  w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else []))
 
   def fmt(vals):
     vals = np.asarray(vals, np.float64)
@@ -87,8 +91,11 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
       dms = [delta_m(r, ref, lower_is_better=_lower) for r, ref in zip(runs, ref_runs)]
     else:
       dms = [float('nan')]
-    md.write(f'| {name} | ' + ' | '.join(fmt(v) for v in per_col) + f' | {fmt(dms)} |\n')
-    w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))])
+    sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
+    md.write(f'| {name} | ' + ' | '.join(fmt(v) for v in per_col) + f' | {fmt(dms)} |'
+             + ''.join(sec) + '\n')
+    w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
+               + ([float(np.median(seconds[name]))] if seconds else []))
   return md.getvalue(), buf.getvalue()
 
 
@@ -98,7 +105,13 @@ def main(argv=None) -> dict:
   p.add_argument('--run', action='append', required=True, help='NAME=CONFIG[:ARG] [k=v ...]')
   p.add_argument('--seeds', default='0', help='comma-separated training seeds')
   p.add_argument('--reference', default='local', help='run name Δm is relative to')
+  p.add_argument('--xla_cache_dir', default='~/.cache/fedjax_mtl/xla',
+                 help="persistent XLA compilation cache, as fedjax_mtl.main ('none': off); "
+                      'seeds after the first reuse the compiled programs')
   a = p.parse_args(argv)
+  import jax
+  if a.xla_cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(a.xla_cache_dir))
   from fedjax_mtl import train  # after argument parsing: imports jax
   seeds = [int(s) for s in a.seeds.split(',')]
   runs = []
@@ -108,6 +121,7 @@ def main(argv=None) -> dict:
       p.error(f'--run {item!r}: expected NAME=CONFIG')
     runs.append((name, spec))
   results: dict[str, list[dict[str, float]]] = {}
+  seconds: dict[str, list[float]] = {}
   for name, spec in runs:
     for seed in seeds:
       cfg = load_config(spec)
@@ -118,7 +132,9 @@ def main(argv=None) -> dict:
         print(f'== {name} seed {seed}: {spec}', flush=True)
         train.train_and_evaluate(cfg, wd)
       results.setdefault(name, []).append(final_metrics(wd))
-  md, csv_text = comparison_table(results, a.reference)
+      seconds.setdefault(name, []).append(
+          report.seconds_per_round(os.path.join(wd, 'timing.jsonl')))
+  md, csv_text = comparison_table(results, a.reference, seconds)
   os.makedirs(a.out, exist_ok=True)
   report.atomic_write(os.path.join(a.out, 'comparison.md'), md)
   report.atomic_write(os.path.join(a.out, 'comparison.csv'), csv_text)
@@ -127,4 +143,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
+  from fedjax_mtl import hostmem
+  hostmem.reuse_freed_memory()  # as fedjax_mtl.main does on CPU-only runs
   main(sys.argv[1:])

@@ -48,9 +48,9 @@ def serve(make_run):
 class Worker:
   """A `--serve` process: one line in, one duration out."""
 
-  def __init__(self, cmd):
+  def __init__(self, cmd, env=None):
     self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 text=True, bufsize=1)
+                                 text=True, bufsize=1, env=env)
     line = self.proc.stdout.readline().strip()
     while line and line != 'ready':  # skip anything a library prints while building
       line = self.proc.stdout.readline().strip()
@@ -66,17 +66,23 @@ class Worker:
     self.proc.wait()
 
 
+def alternate(workers: dict, rounds: int) -> dict:
+  """One timed call per worker per round, the order flipped every round: name -> times."""
+  times = {name: [] for name in workers}
+  items = list(workers.items())
+  for r in range(rounds):
+    for name, w in (items if r % 2 == 0 else items[::-1]):
+      times[name].append(w.call())
+  return times
+
+
 def compare(workload, torch_python, rounds, jax_args=()):
   # Build one side at a time so that compilation does not overlap the other's warm-up.
   jax_w = Worker([sys.executable, os.path.join(HERE, 'bench.py'), f'--serve={workload}',
                   *jax_args])
   torch_w = Worker([torch_python, os.path.join(HERE, 'bench_torch.py'), f'--serve={workload}'])
-  times = {'jax': [], 'torch': []}
   try:
-    for r in range(rounds):
-      order = (('jax', jax_w), ('torch', torch_w))
-      for name, w in (order if r % 2 == 0 else order[::-1]):
-        times[name].append(w.call())
+    times = alternate({'jax': jax_w, 'torch': torch_w}, rounds)
   finally:
     jax_w.close()
     torch_w.close()

@@ -19,8 +19,8 @@ def main(out_path, workdir):
   cfg = tiny_config('fedavg')
   result = train.train_and_evaluate(cfg, workdir)
   exp = train.build(cfg)
-  for gs in result['state']['groups']:
-    assert len(jax.tree.leaves(gs['params'])[0].sharding.device_set) == len(jax.devices())
+  for gs in result['state'].groups:
+    assert len(jax.tree.leaves(gs.params)[0].sharding.device_set) == len(jax.devices())
   enc, dec, heads = _real_views(exp, result['state'])
   arrays = {f'{name}{jax.tree_util.keystr(path)}': x
             for name, tree in (('enc', enc), ('dec', dec), ('heads', heads))

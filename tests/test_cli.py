@@ -56,7 +56,7 @@ def test_smoke_run_prints_progress_and_summaries(tmp_path):
 
 
 @pytest.mark.parametrize('override, expected', [
-    ('--config.algorithm=fedfoo', "unknown algorithm 'fedfoo'; valid choices: 'local', 'fedavg', 'hca2'"),
+    ('--config.algorithm=fedfoo', "unknown algorithm 'fedfoo'; valid choices: 'local', 'fedavg', 'fedprox'"),
     ('--config.scenario=nowhere', "unknown scenario 'nowhere'; valid choices: 'pascal_st_nyud_mt_1c'"),
     ('--config.model.encoder=resnet9', "unknown model 'resnet9'; valid choices: 'conv_micro'"),
     ('--config.tasks=semseg,colour', "unknown task 'colour' in config.tasks; valid choices:"),
@@ -70,6 +70,20 @@ def test_unknown_names_give_one_error_line(tmp_path, override, expected):
   errors = [l for l in r.stderr.splitlines() if l.startswith('error:')]
   assert len(errors) == 1 and expected in errors[0], r.stderr[-2000:]
   assert snapshot(wd) == {'notes.txt': b'keep me'}
+
+
+@pytest.mark.parametrize('config, override, expected', [
+    ('fedavg', '--config.algorithm=masked(local)', "'local' shares no parameters"),
+    ('fedprox', '--config.fedprox.mu=-1', 'fedprox.mu=-1.0 is out of range; valid range: mu >= 0'),
+    ('matfl', '--config.matfl.num_clusters=9', 'matfl.num_clusters=9 is out of range'),
+])
+def test_bad_algorithm_settings_give_one_error_line(tmp_path, config, override, expected):
+  wd = tmp_path / 'wd'
+  r = run_main(f'--config=configs/{config}.py:smoke', override, workdir=wd)
+  assert r.returncode == 2
+  errors = [l for l in r.stderr.splitlines() if l.startswith('error:')]
+  assert len(errors) == 1 and expected in errors[0], r.stderr[-2000:]
+  assert not wd.exists()
 
 
 def test_impossible_split_and_missing_data_dir(tmp_path):

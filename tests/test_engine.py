@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from fedjax_mtl import federation, local, train
+from fedjax_mtl import experiment, federation, feeds, local, rounds, train
 from fedjax_mtl.report import read_jsonl
 
 HERE = os.path.dirname(__file__)
@@ -30,9 +30,9 @@ def _np(tree):
 
 def _real_views(exp, state):
   """(encoders [N], decoders [K], heads per real client) of a state, as NumPy."""
-  params = [gs['params'] for gs in state['groups']]
-  enc = federation.gather_encoders(params, exp.fed)
-  dec = federation.gather_decoders(params, exp.fed)
+  params = [gs.params for gs in state.groups]
+  enc = experiment.views(exp, params, 'encoder')
+  dec = experiment.views(exp, params, 'decoder')
   heads = [{k: jax.tree.map(lambda x, n=g.num_real: x[:n], v)
             for k, v in p.items() if k.startswith('head_')}
            for p, g in zip(params, exp.fed.groups)]
@@ -81,12 +81,13 @@ def test_group_trainer_freezes_padding_steps_and_padding_clients():
   cfg = tiny_config('local')
   exp = train.build(cfg)
   state = train.init_state(exp)
-  train_data, _ = train.device_data(exp)
+  train_data, _ = feeds.device_data(exp)
   g = 0
   spec = exp.fed.groups[g]
   trainer = jax.jit(local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
-                                             cfg.batch_size, cfg.num_rounds))
-  gstate = jax.tree.map(lambda x: x, state['groups'][g])
+                                             cfg.batch_size, cfg.num_rounds, exp.algorithm,
+                                             exp.labels[g]))
+  gstate = jax.tree.map(lambda x: x, state.groups[g])
   before = _np(gstate)
   # Round 3: past the warm-up, so every real step changes the parameters.
   new, metrics = trainer(gstate, train_data[spec.dataset]['train'], jnp.int32(2),
@@ -97,12 +98,12 @@ def test_group_trainer_freezes_padding_steps_and_padding_clients():
   # The human_parts client has fewer images, so it ran masked padding steps.
   assert len(set(want_steps[:spec.num_real].tolist())) > 1
   # Adam's step counter counts only real steps.
-  counts = [x for x in jax.tree.leaves(new['opt_state']) if x.dtype == np.int32]
+  counts = [x for x in jax.tree.leaves(new.opt_state) if x.dtype == np.int32]
   np.testing.assert_array_equal(counts[0], want_steps)
   for j in range(spec.num_real):
     for name in ('encoder', 'decoders', 'head_0'):
-      a = jax.tree.leaves(before['params'][name])
-      b = jax.tree.leaves(new['params'][name])
+      a = jax.tree.leaves(before.params[name])
+      b = jax.tree.leaves(new.params[name])
       assert any(not np.array_equal(x[j], y[j]) for x, y in zip(a, b)), (j, name)
   # Each client's loss is the loss of its own task (slot 0 holds different tasks).
   assert np.all(np.isfinite(metrics['loss'])) and np.unique(metrics['loss']).size > 1
@@ -120,19 +121,19 @@ def test_model_remat_reaches_the_encoder_and_survives_compilation():
   via_kwargs = tiny_config('local', **{'model.kwargs': {'depths': (1, 0, 0, 0), 'remat': True}})
   assert (train.train_compiler_options(via_kwargs) is not None) == (jax.default_backend() == 'cpu')
   state = train.init_state(exp)
-  train_data, _ = train.device_data(exp)
+  train_data, _ = feeds.device_data(exp)
   # The remat barriers are still in the compiled round: the recomputation was
   # not merged back into the forward pass.
-  text = train.make_round_fn(exp).lower(state, train_data).compile().as_text()
+  text = rounds.make_round_fn(exp).lower(state, train_data).compile().as_text()
   assert 'opt-barrier' in text
 
 
 def test_gather_scatter_roundtrip_and_layout():
   exp = train.build(tiny_config('local'))
   state = train.init_state(exp)
-  params = [gs['params'] for gs in state['groups']]
-  enc = federation.gather_encoders(params, exp.fed)
-  dec = federation.gather_decoders(params, exp.fed)
+  params = [gs.params for gs in state.groups]
+  enc = experiment.views(exp, params, 'encoder')
+  dec = experiment.views(exp, params, 'decoder')
   n, k = exp.fed.num_clients, exp.fed.num_decoders
   assert n == 5 and k == 4 + 3
   assert all(x.shape[0] == n for x in jax.tree.leaves(enc))
@@ -142,14 +143,19 @@ def test_gather_scatter_roundtrip_and_layout():
       jnp.arange(n, dtype=x.dtype).reshape((n,) + (1,) * (x.ndim - 1)), x.shape), enc)
   dec_m = jax.tree.map(lambda x: jnp.broadcast_to(
       jnp.arange(k, dtype=x.dtype).reshape((k,) + (1,) * (x.ndim - 1)), x.shape), dec)
-  out = federation.scatter(params, exp.fed, enc_m, dec_m)
+  out = [federation.merge_view(p, v) for p, v in zip(
+      params, federation.scatter_rows(enc_m, exp.fed, 'encoder', [{'encoder': p['encoder']}
+                                                                  for p in params]))]
+  out = [federation.merge_view(p, v) for p, v in zip(
+      out, federation.scatter_rows(dec_m, exp.fed, 'decoder', [{'decoders': p['decoders']}
+                                                               for p in out]))]
   mt = exp.fed.groups[1]
   leaf = jax.tree.leaves(out[1]['decoders'])[0]
   # The MT client's 3 decoder slots are decoders 4..6 in client-major order.
   np.testing.assert_array_equal(np.asarray(leaf[0]).reshape(3, -1)[:, 0], [4, 5, 6])
   assert exp.fed.decoder_client == (0, 1, 2, 3, 4, 4, 4) and mt.num_real == 1
-  back_e = federation.gather_encoders(out, exp.fed)
-  back_d = federation.gather_decoders(out, exp.fed)
+  back_e = experiment.views(exp, out, 'encoder')
+  back_d = experiment.views(exp, out, 'decoder')
   for a, b in zip(jax.tree.leaves(back_e) + jax.tree.leaves(back_d),
                   jax.tree.leaves(enc_m) + jax.tree.leaves(dec_m)):
     np.testing.assert_array_equal(a, b)
@@ -164,25 +170,27 @@ def test_fedavg_round_shares_encoder_and_decoders_but_not_heads(fedavg_run):
   h = jax.tree.leaves(heads[0]['head_0'])[0]
   assert not np.allclose(h[0], h[1])
   # Batch-norm statistics stay local: they differ between clients.
-  bs = jax.tree.leaves(_np(out['state']['groups'][0]['batch_stats']))[0]
+  bs = jax.tree.leaves(_np(out['state'].groups[0].batch_stats))[0]
   assert not np.allclose(bs[0], bs[1])
 
 
 def test_fedavg_aggregation_is_the_uniform_mean_of_local_models():
   exp = train.build(tiny_config('fedavg'))
   state = train.init_state(exp)
-  train_data, _ = train.device_data(exp)
+  feed = feeds.InMemoryFeed(exp)
+  train_data = feed.train_data
   cfg = exp.config
   trained = []
   for g, spec in enumerate(exp.fed.groups):
     tr = jax.jit(local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
-                                          cfg.batch_size, cfg.num_rounds))
-    key = jax.random.fold_in(jax.random.fold_in(state['rng'], 0), g)
-    trained.append(tr(state['groups'][g], train_data[spec.dataset]['train'],
-                      jnp.int32(0), key)[0]['params'])
-  enc_local = _np(federation.gather_encoders(trained, exp.fed))
-  dec_local = _np(federation.gather_decoders(trained, exp.fed))
-  new_state, _ = exp.round_fn(state, train_data)
+                                          cfg.batch_size, cfg.num_rounds, exp.algorithm,
+                                          exp.labels[g]))
+    key = jax.random.fold_in(jax.random.fold_in(state.rng, 0), g)
+    trained.append(tr(state.groups[g], train_data[spec.dataset]['train'],
+                      jnp.int32(0), key)[0].params)
+  enc_local = _np(experiment.views(exp, trained, 'encoder'))
+  dec_local = _np(experiment.views(exp, trained, 'decoder'))
+  new_state, _ = feed.run_round(state, 1)
   enc, dec, _ = _real_views(exp, new_state)
   for got, loc in zip(jax.tree.leaves(enc) + jax.tree.leaves(dec),
                       jax.tree.leaves(enc_local) + jax.tree.leaves(dec_local)):
@@ -192,9 +200,9 @@ def test_fedavg_aggregation_is_the_uniform_mean_of_local_models():
 def test_local_rule_keeps_every_client_its_own_model():
   exp = train.build(tiny_config('local'))
   state = train.init_state(exp)
-  train_data, _ = train.device_data(exp)
-  state, _ = exp.round_fn(state, train_data)
-  state, _ = exp.round_fn(state, train_data)
+  feed = feeds.InMemoryFeed(exp)
+  state, _ = feed.run_round(state, 1)
+  state, _ = feed.run_round(state, 2)
   enc, dec, _ = _real_views(exp, state)
   for x in jax.tree.leaves(enc):
     assert len({x[i].tobytes() for i in range(x.shape[0])}) == x.shape[0]
@@ -289,10 +297,10 @@ def test_edge_odsf_is_scored_on_each_edge_clients_own_predictions(fedavg_run):
   g = 1  # the NYUD-like multi-task client: edge is one of its slots
   spec = exp.fed.groups[g]
   test = exp.data[spec.dataset]['test']
-  gs = out['state']['groups'][g]
+  gs = out['state'].groups[g]
   outs = exp.models_eval[g].apply(
-      {'params': jax.tree.map(lambda x: x[0], gs['params']),
-       'batch_stats': jax.tree.map(lambda x: x[0], gs['batch_stats'])},
+      {'params': jax.tree.map(lambda x: x[0], gs.params),
+       'batch_stats': jax.tree.map(lambda x: x[0], gs.batch_stats)},
       local.normalize_image(jnp.asarray(test['image'])))
   slot = exp.fed.clients[spec.client_ids[0]].tasks.index('edge')
   prob = np.asarray(jax.nn.sigmoid(outs[slot][..., 0]))

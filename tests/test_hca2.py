@@ -1,12 +1,13 @@
 """FedHCA2 as a rule and in the engine (the math is pinned in test_hca2_math.py).
 
-- the public API (`aggregators.hca2.conflict_averse` / `cross_attention`) on nested pytrees;
+- the public API (`algorithms.hca2.conflict_averse` / `cross_attention`) on nested pytrees;
 - the rule's personalised updates, hyper step and ablations on random stacked trees;
 - in the engine: α = β = 0 (hyper lr 0, homo off) reproduces Local bitwise; the
   round compiles once; α/β/w*/entropy are logged and plotted.
 """
 
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +16,10 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from fedjax_mtl import federation, train
-from fedjax_mtl.aggregators import AggInfo, AggInputs, get_aggregator
-from fedjax_mtl.aggregators import hca2
-from fedjax_mtl.aggregators import hca2_math as hm
+from fedjax_mtl import experiment, train
+from fedjax_mtl.algorithms import FedInfo, ServerInputs, get_algorithm
+from fedjax_mtl.algorithms import hca2
+from fedjax_mtl.algorithms import hca2_math as hm
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.models.decoder import DECODER_LAYERS
 from fedjax_mtl.report import read_jsonl
@@ -43,16 +44,43 @@ def _dec_tree(rng, lead, scale=1e-2):
 
 
 def _info(n=N, k=K, homo=None):
-  return AggInfo(num_clients=n, num_decoders=k, decoder_client=tuple(range(k)),
+  return FedInfo(num_clients=n, num_decoders=k, decoder_client=tuple(range(k)),
                  decoder_names=tuple(f'd{i}' for i in range(k)),
                  client_names=tuple(f'c{i}' for i in range(n)),
-                 homo_groups=homo or tuple(range(n)))
+                 homo_groups=homo or tuple(range(n)), decoder_layers=DECODER_LAYERS)
+
+
+class AggInputs(NamedTuple):
+  enc_prev: dict
+  enc_local: dict
+  dec_prev: dict
+  dec_local: dict
+  round: jax.Array
+
+
+class _Rule:
+  """The FedHCA2 server on (encoders, decoders), as the engine calls it by role."""
+
+  def __init__(self, server):
+    self.server = server
+
+  def init(self, enc, dec):
+    return self.server.init({'encoder': enc, 'decoder': dec})
+
+  def apply(self, state, x: AggInputs):
+    inputs = ServerInputs(
+        prev={'encoder': x.enc_prev, 'decoder': x.dec_prev},
+        local={'encoder': x.enc_local, 'decoder': x.dec_local},
+        num_examples=jnp.ones((N,)), num_steps=jnp.ones((N,), jnp.int32),
+        client_ids=jnp.arange(N), round=x.round)
+    out, state, logs = self.server.apply(state, inputs)
+    return (out.get('encoder', x.enc_local), out.get('decoder', x.dec_local), state, logs)
 
 
 def _rule(homo=None, **knobs):
   cfg = ml_collections.ConfigDict({'hca2': hca2.default_config()})
   cfg.hca2.update(knobs)
-  return get_aggregator('hca2', _info(homo=homo), cfg)
+  return _Rule(get_algorithm('hca2', _info(homo=homo), cfg).server)
 
 
 def test_public_api_on_nested_pytrees():
@@ -100,7 +128,7 @@ def test_rule_personalised_updates_and_hyper_step():
   apply = jax.jit(rule.apply)
   enc, dec, state1, logs = apply(state, x1)
   # Round 1: no hyper step; θ = θ_local + 0.1·Ũ and θ_k = θ_k,local + 0.1·Ã_k.
-  np.testing.assert_array_equal(state1['alpha'], np.full(N, 0.1, np.float32))
+  np.testing.assert_array_equal(state1.shared['encoder']['alpha'], np.full(N, 0.1, np.float32))
   d_enc = jax.tree.map(lambda a, b: a - b, x1.enc_local, x1.enc_prev)
   d_dec = jax.tree.map(lambda a, b: a - b, x1.dec_local, x1.dec_prev)
   u = hca2.conflict_averse(d_enc)
@@ -121,7 +149,7 @@ def test_rule_personalised_updates_and_hyper_step():
                  for d, uu in zip(jax.tree.leaves(d2), jax.tree.leaves(u)))
   np.testing.assert_allclose(logs2['alpha_grad'], g_alpha, rtol=1e-4, atol=1e-8)
   want_alpha = 0.1 - 1e-2 * (g_alpha + 1e-4 * 0.1)
-  np.testing.assert_allclose(state2['alpha'], want_alpha, rtol=1e-5)
+  np.testing.assert_allclose(state2.shared['encoder']['alpha'], want_alpha, rtol=1e-5)
   d2d = jax.tree.map(lambda a, b: a - b, x2.dec_local, x2.dec_prev)
   g_beta = np.zeros((K, 6))
   for l, name in enumerate(DECODER_LAYERS):
@@ -129,7 +157,8 @@ def test_rule_personalised_updates_and_hyper_step():
       g_beta[:, l] -= np.sum(np.asarray(d2d[name][p]).reshape(K, -1)
                              * np.asarray(a[name][p]).reshape(K, -1), 1)
   np.testing.assert_allclose(logs2['beta_grad'], g_beta, rtol=1e-4, atol=1e-8)
-  np.testing.assert_allclose(state2['beta'], 0.1 - 1e-2 * (g_beta + 1e-5), rtol=1e-5)
+  np.testing.assert_allclose(state2.shared['decoder']['beta'], 0.1 - 1e-2 * (g_beta + 1e-5),
+                             rtol=1e-5)
 
 
 def test_rule_is_permutation_equivariant_over_clients_and_decoders():
@@ -184,7 +213,7 @@ def hca2_run(tmp_path_factory):
 def test_engine_round_compiles_once_and_logs_hyperweights(hca2_run):
   wd, out = hca2_run
   exp = train.build(tiny_config('hca2', hca2=hca2.default_config()))
-  assert exp.round_traces == 1
+  assert exp.compiled['round_fn']._cache_size() == 1
   rows = read_jsonl(os.path.join(wd, 'metrics.jsonl'))
   agg = [r for r in rows if r['type'] == 'agg']
   n, k = exp.fed.num_clients, exp.fed.num_decoders
@@ -200,9 +229,9 @@ def test_engine_round_compiles_once_and_logs_hyperweights(hca2_run):
     assert os.path.getsize(os.path.join(wd, f)) > 1000
   # Encoders: θ_i = θ_i,local + clamp(α_i)·Ũ with the stored Ũ (1c: no homo groups).
   state = out['state']
-  enc = federation.gather_encoders([g['params'] for g in state['groups']], exp.fed)
-  u = state['agg']['prev_u']
-  alpha = np.clip(np.asarray(state['agg']['alpha']), 0, 1)
+  enc = experiment.views(exp, [g.params for g in state.groups], 'encoder')
+  u = state.server['encoder']['prev_u']
+  alpha = np.clip(np.asarray(state.server['encoder']['alpha']), 0, 1)
   diff = jax.tree.map(lambda e, uu: np.asarray(e) - alpha.reshape((-1,) + (1,) * uu.ndim)
                       * np.asarray(uu)[None], enc, u)
   # After removing each client's α-share, what is left is that client's local model:
@@ -217,6 +246,7 @@ def test_zero_hyperweights_reproduce_local_bitwise(tmp_path):
   h = train.train_and_evaluate(tiny_config('hca2', hca2=zero),
                                str(tmp_path / 'h'))
   loc = train.train_and_evaluate(tiny_config('local'), str(tmp_path / 'l'))
-  for a, b in zip(jax.tree.leaves(h['state']['groups']), jax.tree.leaves(loc['state']['groups'])):
+  core = lambda st: [(g.params, g.batch_stats, g.opt_state) for g in st.groups]
+  for a, b in zip(jax.tree.leaves(core(h['state'])), jax.tree.leaves(core(loc['state']))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert [r['value'] for r in h['eval']] == [r['value'] for r in loc['eval']]

@@ -1,4 +1,4 @@
-"""Tests for fedjax_mtl.aggregators.hca2_math (FedHCA² aggregation math)."""
+"""Tests for fedjax_mtl.algorithms.hca2_math (FedHCA² aggregation math)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import scipy.optimize as so
 
-from fedjax_mtl.aggregators import hca2_math as h
+from fedjax_mtl.algorithms import hca2_math as h
+from fedjax_mtl.federation import consecutive_group_ids
 
 C = 0.4
 
@@ -500,9 +501,9 @@ def test_homo_average_matches_numpy():
   rng = np.random.default_rng(16)
   keys = [("pascal", ("semseg",)), ("pascal", ("semseg",)), ("pascal", ("edge",)),
           ("nyud", ("depth", "edge")), ("nyud", ("depth", "edge")), ("nyud", ("depth", "edge"))]
-  ids = h.consecutive_group_ids(keys)
+  ids = consecutive_group_ids(keys)
   assert ids == (0, 0, 1, 2, 2, 2)
-  assert h.consecutive_group_ids(["a", "b", "a"]) == (0, 1, 2)  # only consecutive runs group
+  assert consecutive_group_ids(["a", "b", "a"]) == (0, 1, 2)  # only consecutive runs group
   tree = {"x": {"y": jnp.asarray(rng.standard_normal((6, 3, 4)), jnp.float32)},
           "z": jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)}
   out = jax.jit(functools.partial(h.homo_average, group_ids=ids))(tree)

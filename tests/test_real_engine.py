@@ -13,7 +13,7 @@ import pytest
 
 from conftest import tiny_config
 from fake_datasets import make_nyud, make_pascal
-from fedjax_mtl import local, scenarios, train
+from fedjax_mtl import feeds, local, scenarios, train
 from fedjax_mtl.data import cache as cache_lib
 from fedjax_mtl.data import real
 from fedjax_mtl.data import transforms as T
@@ -44,7 +44,7 @@ def real_config(data_dir, **overrides):
 
 
 def _params(state):
-  return jax.tree.map(np.asarray, [gs['params'] for gs in state['groups']])
+  return jax.tree.map(np.asarray, [gs.params for gs in state.groups])
 
 
 def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, tmp_path):
@@ -61,7 +61,8 @@ def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, tmp_path):
   for c in exp.fed.clients:
     steps = {r['steps'] for r in train_rows if r['client'] == c.name}
     assert steps == {c.local_epochs * (c.num_train // cfg.batch_size)}
-  assert exp.round_traces == 1  # chunk trainers + one aggregation, traced once
+  # Chunk trainers and the aggregation were traced once each.
+  assert all(f._cache_size() == 1 for f in exp.compiled['chunk_fns'] + [exp.compiled['agg_fn']])
   # Interrupt after round 1, resume with other reader settings: same result.
   part = str(tmp_path / 'part')
   out = train.train_and_evaluate(cfg, part, stop_after=1)
@@ -86,7 +87,7 @@ def test_parts_client_keeps_images_with_humans(data_dir):
 
 def test_train_chunks_are_deterministic_and_masked(data_dir):
   exp = train.build(real_config(data_dir))
-  chunks = exp.train_chunks
+  chunks = feeds.make_feed(exp).train_chunks
   assert len(chunks) == 2 * chunks.per_round
   el = chunks[chunks.offset(1)]
   again = real.TrainChunks(chunks.specs, chunks.sources, 2, chunks.size_of, chunks.seed,
@@ -149,12 +150,13 @@ def test_chunk_trainer_matches_in_memory_trainer():
   cfg = tiny_config('local')
   exp = train.build(cfg)
   state = train.init_state(exp)
-  train_data, _ = train.device_data(exp)
+  train_data, _ = feeds.device_data(exp)
   g, rnd, key = 0, 2, jax.random.PRNGKey(3)
   spec = exp.fed.groups[g]
   group_trainer = jax.jit(local.make_group_trainer(
-      spec, exp.models_train[g], exp.tx, cfg.optim, cfg.batch_size, cfg.num_rounds))
-  want, want_m = group_trainer(state['groups'][g], train_data[spec.dataset]['train'],
+      spec, exp.models_train[g], exp.tx, cfg.optim, cfg.batch_size, cfg.num_rounds,
+      exp.algorithm, exp.labels[g]))
+  want, want_m = group_trainer(state.groups[g], train_data[spec.dataset]['train'],
                                jnp.int32(rnd), key)
   # The in-memory plan (same keys as inside the trainer), fed as chunks of 3 steps.
   keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(spec.num_total))
@@ -166,8 +168,10 @@ def test_chunk_trainer_matches_in_memory_trainer():
   total = idx.shape[1]
   s_per = total // spec.local_epochs
   chunk_trainer = jax.jit(local.make_chunk_trainer(spec, exp.models_train[g], exp.tx,
-                                                   cfg.optim, cfg.num_rounds))
-  gs = state['groups'][g]
+                                                   cfg.optim, cfg.num_rounds, exp.algorithm,
+                                                   exp.labels[g]))
+  gs = state.groups[g]
+  start = gs.params
   acc = {'loss_sum': jnp.zeros((spec.num_total, spec.num_slots)),
          'steps': jnp.zeros((spec.num_total,), jnp.int32)}
   t_len = 3
@@ -179,7 +183,7 @@ def test_chunk_trainer_matches_in_memory_trainer():
              'mask': mask[:, steps_c] & valid,
              'epoch': (rnd * spec.local_epochs + steps_c // s_per).astype(np.int32),
              'step': steps.astype(np.int32)}
-    gs, acc = chunk_trainer(gs, acc, chunk, key)
+    gs, acc = chunk_trainer(gs, start, acc, chunk, key, jnp.int32(rnd))
   got_loss = acc['loss_sum'] / jnp.maximum(acc['steps'], 1)[:, None]
   np.testing.assert_array_equal(np.asarray(acc['steps']), np.asarray(want_m['steps']))
   np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_m['loss']), rtol=1e-5)
@@ -201,8 +205,8 @@ def test_real_data_errors(data_dir, tmp_path, monkeypatch):
   with pytest.raises(ConfigError, match='prepare_data.py --dataset nyud'):
     train.build(real_config(str(empty)))
   with pytest.raises(ConfigError, match='exceed data.resolution'):
-    train.build(real_config(data_dir, **{'data.resolution': {'pascal': (32, 32),
-                                                             'nyud': (32, 64)}}))
+    feeds.make_feed(train.build(real_config(data_dir, **{
+        'data.resolution': {'pascal': (32, 32), 'nyud': (32, 64)}})))
 
 
 def _config_module(name):
@@ -215,8 +219,12 @@ def _config_module(name):
 
 @pytest.mark.parametrize('scenario', sorted(scenarios.LAYOUTS))
 def test_paper_configs_for_every_layout(scenario):
-  for name in ('hca2', 'fedavg', 'local'):
+  names = sorted(f[:-3] for f in os.listdir(os.path.join(os.path.dirname(__file__), '..',
+                                                         'configs')) if f.endswith('.py'))
+  assert len(names) == 10  # every algorithm has a paper variant
+  for name in names:
     c = _config_module(name).get_config(f'paper,scenario={scenario}')
+    assert c.algorithm == name
     assert c.scenario == scenario and c.data.source == 'real'
     assert c.model.encoder == 'swin_t' and c.num_rounds == 100 and c.batch_size == 8
     assert tuple(c.data.resolution['pascal']) == (512, 512)

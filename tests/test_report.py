@@ -57,15 +57,22 @@ def test_compare_reads_finished_runs_and_writes_delta_m_over_seeds(tmp_path):
       (wd / 'results.csv').write_text('done\n')  # marks a finished run: not redone
       rows = [{'round': 8, 'type': 'eval', **r} for r in _rows(vals)]
       (wd / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+      # Round 1 compiles and round 3 evaluates: only round 2 counts as steady.
+      timing = [{'round': 1, 'seconds': 30.}, {'round': 2, 'seconds': 2. + seed},
+                {'round': 3, 'seconds': 9., 'eval': True}]
+      (wd / 'timing.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in timing))
   compare.main(['--out', str(tmp_path), '--seeds', '0,1',
                 '--run', 'local=configs/local.py', '--run', 'fedavg=configs/fedavg.py'])
   lines = (tmp_path / 'comparison.csv').read_text().splitlines()
+  header = lines[0].split(',')
+  assert header[-2:] == ['delta_m', 'seconds_per_round']
+  assert float(lines[2].split(',')[-1]) == 2.5  # median over seeds of the steady rounds
   dms = [report.results_table('fedavg', _rows(f), _rows(l))[1].splitlines()[1].split(',')[-1]
          for f, l in zip(values['fedavg'], values['local'])]
-  np.testing.assert_allclose(float(lines[2].split(',')[-1]), np.mean([float(d) for d in dms]),
+  np.testing.assert_allclose(float(lines[2].split(',')[-2]), np.mean([float(d) for d in dms]),
                              rtol=1e-9)
   md = (tmp_path / 'comparison.md').read_text()
-  assert '| local |' in md and ' ± ' in md and md.splitlines()[0].endswith('Δm (%) ↑ |')
+  assert '| local |' in md and ' ± ' in md and md.splitlines()[0].endswith('Δm (%) ↑ | s/round |')
 
 
 def test_compare_config_overrides():

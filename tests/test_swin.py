@@ -12,7 +12,7 @@ import pytest
 from scipy.special import erf
 
 from fedjax_mtl.models import convert, decoder, swin
-from fedjax_mtl.train import KEEP_REMAT_ON_CPU
+from fedjax_mtl.experiment import KEEP_REMAT_ON_CPU
 
 # XLA:CPU compile time dominates these tests; LLVM -O0 compiles ~3x faster and
 # does not change results. Every test jits (eager op-by-op compiles are slower).

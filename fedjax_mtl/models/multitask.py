@@ -36,3 +36,16 @@ class MultiTaskNet(nn.Module):
     z = decoders(dim, train=self.train, dtype=self.dtype, name='decoders')(feats)
     return [Head(dim, c, self.dtype, name=f'head_{s}')(z[s])
             for s, c in enumerate(self.head_channels)]
+
+
+def param_roles(params: dict) -> dict:
+  """The role of every parameter leaf (a label tree, as `optax.multi_transform` takes):
+  'encoder', 'decoder' (the task decoders) or 'head' (the per-slot heads)."""
+  role = {'encoder': 'encoder', 'decoders': 'decoder'}
+  out = {}
+  for k, sub in params.items():
+    r = role.get(k, 'head' if k.startswith('head_') else None)
+    if r is None:
+      raise ValueError(f'parameter {k!r} has no role; known: encoder, decoders, head_<slot>')
+    out[k] = jax.tree.map(lambda _, r=r: r, sub)
+  return out

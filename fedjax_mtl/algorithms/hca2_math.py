@@ -8,7 +8,7 @@ leaf-sized temporary of the N updates is made (the Swin-T encoder is 27.5M
 parameters times N = 6..24 clients). :func:`conflict_averse_from` takes the local
 and previous parameters and never materialises their difference.
 
-Spec: /work/shared/spec/fedhca2.md §3.2-§3.4 and §8, reference-code.md §1.8-§1.10.
+Spec: ../shared/spec/fedhca2.md §3.2-§3.4 and §8, reference-code.md §1.8-§1.10.
 
 * Encoders: :func:`conflict_averse` (CAGrad dual on the N x N Gram matrix, solved
   in-graph by :func:`solve_ca_dual`), returns Ũ with the released 1/(1+c²) rescale.
@@ -22,7 +22,7 @@ Spec: /work/shared/spec/fedhca2.md §3.2-§3.4 and §8, reference-code.md §1.8-
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -603,17 +603,6 @@ def beta_surrogate(
 # ----------------------------------------------------------------------------
 # Homo aggregation (released code only, encoders, 2C/4C).
 # ----------------------------------------------------------------------------
-
-
-def consecutive_group_ids(keys: Sequence[Hashable]) -> tuple[int, ...]:
-  """Group ids for runs of consecutive equal keys, e.g. (dataset, tuple(tasks)) per client."""
-  ids: list[int] = []
-  for i, key in enumerate(keys):
-    if i == 0:
-      ids.append(0)
-    else:
-      ids.append(ids[-1] if key == keys[i - 1] else ids[-1] + 1)
-  return tuple(ids)
 
 
 def homo_average(deltas: PyTree, group_ids: Sequence[int]) -> PyTree:

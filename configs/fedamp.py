@@ -1,0 +1,15 @@
+"""FedAMP: attentive message passing on encoders and decoders (λ = 1, α_k = 1, σ = 1 in config.fedamp).
+
+Variants as every algorithm config: `configs/fedamp.py` (synthetic benchmark),
+`configs/fedamp.py:smoke` (seconds per round), `configs/fedamp.py:paper,scenario=...`
+(the paper's setting on real PASCAL-Context / NYUD-v2).
+"""
+
+from fedjax_mtl.algorithms.fedamp import default_config
+from fedjax_mtl.defaults import base_config
+
+
+def get_config(arg=None):
+  c = base_config(arg, algorithm='fedamp')
+  c.fedamp = default_config()
+  return c

@@ -1,0 +1,15 @@
+"""FedBABU: encoders shared; decoders and heads frozen at init, fine-tuned locally in the last config.fedbabu.finetune_rounds rounds.
+
+Variants as every algorithm config: `configs/fedbabu.py` (synthetic benchmark),
+`configs/fedbabu.py:smoke` (seconds per round), `configs/fedbabu.py:paper,scenario=...`
+(the paper's setting on real PASCAL-Context / NYUD-v2).
+"""
+
+from fedjax_mtl.algorithms.fedbabu import default_config
+from fedjax_mtl.defaults import base_config
+
+
+def get_config(arg=None):
+  c = base_config(arg, algorithm='fedbabu')
+  c.fedbabu = default_config()
+  return c

@@ -1,0 +1,15 @@
+"""FedSTA: the shared encoder of FeSTA (Park et al., NeurIPS 2021) in the task-agnostic rounds, then frozen while decoders and heads fine-tune (config.fedsta).
+
+Variants as every algorithm config: `configs/fedsta.py` (synthetic benchmark),
+`configs/fedsta.py:smoke` (seconds per round), `configs/fedsta.py:paper,scenario=...`
+(the paper's setting on real PASCAL-Context / NYUD-v2).
+"""
+
+from fedjax_mtl.algorithms.fedsta import default_config
+from fedjax_mtl.defaults import base_config
+
+
+def get_config(arg=None):
+  c = base_config(arg, algorithm='fedsta')
+  c.fedsta = default_config()
+  return c

@@ -1,0 +1,243 @@
+"""An algorithm is a client part plus a server part, both pure functions.
+
+- **Parameter roles** come from a label tree (as in `optax.multi_transform`):
+  the model labels each parameter leaf with a role (`encoder`, `decoder`,
+  `head`); batch-norm statistics are the role `norm_stats`. An algorithm's
+  `roles` maps each role to a policy: `shared` (uploaded and aggregated),
+  `personal` (trained, never leaves the client) or `frozen` (not trained).
+- **Client part** (`Client`, FedJAX's client_init/step/final shape), compiled
+  into the vmapped local training: `init(params) -> state` once per client,
+  `loss(ctx)` extra loss terms, `finalize(params, start, state) -> (upload,
+  state)` after the local steps, and `forward` replaces the model's apply
+  (NTK linearisation swaps it for a `jax.jvp` forward). Per-client state lives
+  in the client groups, sharded along the `clients` axis like the parameters.
+- **Server part** (`Server`, optax's init/update shape) over the shared roles,
+  each stacked over its rows (encoders `[N, ...]` per client, decoders
+  `[K, ...]` per task decoder): `init(views) -> ServerState`,
+  `apply(state, ServerInputs) -> (new views, state, logs)`. State kept per row
+  (`ServerState.rows`, e.g. momentum per client) is stored in the client
+  groups, sharded like the parameters; `ServerState.shared` is replicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+PyTree = Any
+Views = dict  # role -> stacked pytree [rows, ...]
+
+ROLES = ('encoder', 'decoder', 'head')  # parameter roles the models label
+STACKABLE = ('encoder', 'decoder')  # roles that stack across client groups
+POLICIES = ('shared', 'personal', 'frozen')
+
+
+@dataclasses.dataclass(frozen=True)
+class FedInfo:
+  """Static facts a rule may use: sizes, ownership and naming of the stacked rows."""
+  num_clients: int
+  num_decoders: int
+  decoder_client: tuple[int, ...]  # owner client of each decoder row
+  decoder_names: tuple[str, ...]
+  client_names: tuple[str, ...]
+  homo_groups: tuple[int, ...]  # runs of consecutive clients with the same dataset and tasks
+  decoder_layers: tuple[str, ...] = ()  # top-level module names of a decoder, in forward order
+  num_rounds: int = 1
+  client_keys: tuple[tuple[str, str], ...] = ()  # (dataset, tasks) per client
+  decoder_keys: tuple[tuple[str, str], ...] = ()  # (dataset, task) per decoder
+
+  def num_rows(self, role: str) -> int:
+    return self.num_clients if role == 'encoder' else self.num_decoders
+
+  def row_client(self, role: str) -> tuple[int, ...]:
+    """Owner client of every row of `role`'s stacked view."""
+    return tuple(range(self.num_clients)) if role == 'encoder' else self.decoder_client
+
+
+class ServerInputs(NamedTuple):
+  """What the server sees after local training (views: role -> `[rows, ...]`)."""
+  prev: Views  # the params the clients started the round from
+  local: Views  # what the clients uploaded (their params after local training)
+  num_examples: jax.Array  # [N] float32, local training examples per client
+  num_steps: jax.Array  # [N] int32, local steps each client actually took
+  client_ids: jax.Array  # [N] int32
+  round: jax.Array  # 0-based index of the round being aggregated
+
+
+class ServerState(NamedTuple):
+  """`shared`: replicated pytree; `rows`: role -> pytree with a leading rows axis."""
+  shared: PyTree = ()
+  rows: Mapping[str, PyTree] = {}
+
+
+class Server(NamedTuple):
+  """`init(views) -> ServerState`; `apply(state, inputs) -> (views, state, logs)`."""
+  init: Callable[[Views], ServerState]
+  apply: Callable[[ServerState, ServerInputs], tuple[Views, ServerState, dict]]
+
+
+class ClientCtx(NamedTuple):
+  """What a client's extra loss terms see at one local step (one client, unbatched)."""
+  params: PyTree  # the params being trained
+  start: PyTree  # the params this client started the round from
+  state: PyTree  # the client part's own state
+  server_rows: Mapping[str, PyTree]  # this client's rows of the server's per-row state
+  labels: PyTree  # role of every parameter leaf (same structure as params)
+  batch: Mapping[str, jax.Array]
+
+
+def plain_forward(apply: Callable, params: PyTree, start: PyTree, batch_stats: PyTree,
+                  image: jax.Array, key: jax.Array):
+  """The model's own apply (the default `Client.forward`); `start` is unused."""
+  del start
+  return apply(params, batch_stats, image, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class Client:
+  """The client part of an algorithm; every field defaults to plain local training.
+
+  `personal_model`: the client also trains a personal copy of the whole model
+  (own batch-norm statistics and optimizer state) in the same local steps, with
+  `personal_loss(ctx)` added to its task loss (`ctx.params` is the personal
+  model there); the personal model is what gets evaluated (Ditto).
+  """
+  init: Callable[[PyTree], PyTree] = lambda params: ()
+  loss: Callable[[ClientCtx], jax.Array] | None = None
+  finalize: Callable[[PyTree, PyTree, PyTree], tuple[PyTree, PyTree]] = (
+      lambda params, start, state: (params, state))
+  forward: Callable = plain_forward
+  trainable: Callable[[jax.Array], Mapping[str, Any]] | None = None  # round -> role -> bool
+  personal_model: bool = False
+  personal_loss: Callable[[ClientCtx], jax.Array] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """A named client + server pair and the policy of every parameter role."""
+  name: str
+  client: Client
+  server: Server
+  roles: Mapping[str, str]  # role -> 'shared' | 'personal' | 'frozen'
+
+  @property
+  def shared_roles(self) -> tuple[str, ...]:
+    return tuple(r for r in STACKABLE if self.roles.get(r) == 'shared')
+
+
+def config_block(config, name: str, defaults: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`defaults` updated with `config.<name>` where the config has that block."""
+  cfg = ml_collections.ConfigDict(defaults.to_dict())
+  if config is not None and name in config:
+    cfg.update(config[name])
+  return cfg
+
+
+# ----------------------------------------------------------------------------
+# Tree helpers for rules and client parts.
+# ----------------------------------------------------------------------------
+
+def tree_mean(stacked: PyTree, weights: jax.Array | None = None) -> PyTree:
+  """Weighted mean over the leading axis (uniform by default), one row's shape.
+
+  A `[N] @ [N, d]` contraction: XLA:CPU's reduction over a leading axis is
+  several times slower at model scale.
+  """
+  def one(x):
+    n = x.shape[0]
+    w = jnp.full((n,), 1.0 / n, jnp.float32) if weights is None else weights
+    return jnp.tensordot(w.astype(jnp.float32), x.astype(jnp.float32), axes=1,
+                         precision=jax.lax.Precision.HIGHEST).astype(x.dtype)
+  return jax.tree.map(one, stacked)
+
+
+def broadcast_rows(tree: PyTree, like: PyTree) -> PyTree:
+  """Every row of `like` set to the unstacked `tree`."""
+  return jax.tree.map(lambda x, l: jnp.broadcast_to(x.astype(l.dtype), l.shape), tree, like)
+
+
+def mix_rows(weights: jax.Array, stacked: PyTree) -> PyTree:
+  """Rows `new_i = Σ_j W_ij x_j` for a `[M, N]` weight matrix (a contraction per leaf)."""
+  return jax.tree.map(
+      lambda x: jnp.tensordot(weights.astype(jnp.float32), x.astype(jnp.float32), axes=1,
+                              precision=jax.lax.Precision.HIGHEST).astype(x.dtype), stacked)
+
+
+def tree_sub(a: PyTree, b: PyTree) -> PyTree:
+  """a - b in float32."""
+  return jax.tree.map(lambda x, y: x.astype(jnp.float32) - y.astype(jnp.float32), a, b)
+
+
+def sq_dist(a: PyTree, b: PyTree, labels: PyTree, roles: tuple[str, ...]) -> jax.Array:
+  """‖a - b‖² over the leaves whose label is in `roles` (one client, unstacked)."""
+  terms = [jnp.sum(jnp.square(x.astype(jnp.float32) - y.astype(jnp.float32)))
+           for x, y, l in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(labels))
+           if l in roles]
+  return sum(terms) if terms else jnp.float32(0.)
+
+
+def role_view(tree: PyTree, labels: PyTree, role: str) -> PyTree:
+  """The subtree of `tree` (nested dicts) whose leaves are labelled `role`."""
+  if isinstance(labels, dict):
+    out = {}
+    for k, lab in labels.items():
+      sub = role_view(tree[k], lab, role)
+      if sub is not None:
+        out[k] = sub
+    return out or None
+  return tree if labels == role else None
+
+
+def merge_view(tree: PyTree, view: PyTree) -> PyTree:
+  """`tree` with the leaves of `view` (a `role_view` of it) replaced."""
+  if isinstance(view, dict):
+    return {**tree, **{k: merge_view(tree[k], v) for k, v in view.items()}}
+  return view
+
+
+def sq_dist_trees(a: PyTree, b: PyTree) -> jax.Array:
+  """‖a - b‖² over all leaves of two trees of one structure."""
+  return sum(jnp.sum(jnp.square(x.astype(jnp.float32) - y.astype(jnp.float32)))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def num_rows(stacked: PyTree) -> int:
+  """The (static) leading axis every leaf of a stacked pytree shares."""
+  leaves = jax.tree.leaves(stacked)
+  if not leaves:
+    raise ValueError('empty stacked pytree')
+  sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
+  if len(sizes) != 1 or None in sizes:
+    raise ValueError(f'leaves must share a leading rows axis, got sizes {sizes}')
+  return sizes.pop()
+
+
+def _leaf_deviation_gram(x: jax.Array) -> jax.Array:
+  """Gram [N, N] of one leaf's flattened rows minus their mean, in float32."""
+  n = x.shape[0]
+  x = jnp.reshape(x, (n, -1)).astype(jnp.float32)
+  # Subtract row 0 first: w_i - w_0 is exact in float32 when the w's are close
+  # (Sterbenz), so the mean is taken of small numbers and its rounding error
+  # scales with the deviations (~1e-3), not with the weights (~1). Double-centring
+  # the Gram of the w's would cancel catastrophically.
+  x = x - x[:1]
+  d = x - jnp.mean(x, axis=0, keepdims=True)
+  return jnp.dot(d, d.T, precision=jax.lax.Precision.HIGHEST)
+
+
+def deviation_gram(stacked: PyTree) -> jax.Array:
+  """Gram matrix [N, N] of the flattened rows' deviations from their mean, summed leaf by
+  leaf (no [N, D] copy of the whole tree); exactly symmetric."""
+  num_rows(stacked)
+  g = sum(_leaf_deviation_gram(x) for x in jax.tree.leaves(stacked))
+  return 0.5 * (g + g.T)
+
+
+def roles_where(labels: PyTree, policy: Mapping[str, str], wanted: str) -> tuple[str, ...]:
+  """The roles of `labels` whose policy is `wanted`."""
+  present = {l for l in jax.tree.leaves(labels)}
+  return tuple(r for r in ROLES if r in present and policy.get(r) == wanted)

@@ -1,0 +1,26 @@
+"""FedAvg for hetero clients: mean of the encoders over N and of the decoders over all K.
+
+As in FedHCA2's released code the mean is uniform (`fedavg.weighting='examples'`
+weights clients by their number of local examples), and decoders are averaged
+across all tasks, so after aggregation only the heads differ.
+"""
+
+import ml_collections
+
+from fedjax_mtl.algorithms import rules
+from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, config_block
+from fedjax_mtl.errors import check_choice
+
+SHARED = {'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'}
+
+
+def default_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({'weighting': 'uniform'})
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  """Encoders and decoders shared and averaged; heads personal."""
+  cfg = config_block(config, 'fedavg', default_config())
+  check_choice('fedavg.weighting', cfg.weighting, ('uniform', 'examples'))
+  return Algorithm(name='fedavg', client=Client(), server=rules.mean(cfg.weighting, info),
+                   roles=dict(SHARED))

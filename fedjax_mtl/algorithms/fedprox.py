@@ -1,0 +1,33 @@
+"""FedProx: FedAvg plus the proximal term μ/2·‖θ − θ_start‖² on the shared parameters.
+
+θ_start is the model the client started the round from (the aggregated
+encoder and decoders); heads are personal and not pulled. μ = 0.01 (FedHCA2
+spec §6). The term adds μ(θ − θ_start) to the gradient of every shared leaf.
+"""
+
+import ml_collections
+
+from fedjax_mtl.algorithms import fedavg
+from fedjax_mtl.algorithms.base import Algorithm, Client, ClientCtx, FedInfo, config_block, sq_dist
+from fedjax_mtl.errors import ConfigError
+
+
+def default_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({'mu': 0.01})
+
+
+def proximal_loss(mu: float, roles: tuple[str, ...]):
+  """`loss(ctx) = μ/2·‖θ − θ_start‖²` over the leaves of `roles`."""
+  def loss(ctx: ClientCtx):
+    return 0.5 * mu * sq_dist(ctx.params, ctx.start, ctx.labels, roles)
+  return loss
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  """FedAvg's server; the client adds the proximal term."""
+  cfg = config_block(config, 'fedprox', default_config())
+  if cfg.mu < 0:
+    raise ConfigError(f'fedprox.mu={cfg.mu} is out of range; valid range: mu >= 0')
+  base = fedavg.build(info, config)
+  client = Client(loss=proximal_loss(cfg.mu, base.shared_roles))
+  return Algorithm(name='fedprox', client=client, server=base.server, roles=base.roles)

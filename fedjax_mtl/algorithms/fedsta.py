@@ -1,0 +1,53 @@
+"""FedSTA (FeSTA: Park et al., "Federated Split Task-Agnostic Vision Transformer",
+NeurIPS 2021, cited by FedHCA2 as FedSTA) adapted to hetero-client FMTL.
+
+The encoder plays FeSTA's shared transformer body, the decoders and heads its
+per-client task-specific head and tail. Task-agnostic stage (all rounds but the
+last `fedsta.task_specific_rounds`): one body for every client, i.e. the
+uniform mean of the uploaded encoders (`fedsta_math.aggregate`); decoders and
+heads train locally. Task-specific stage: the body is frozen (zero step size)
+and only decoders and heads are fine-tuned; nothing is aggregated. FedHCA2
+confines FedSTA's aggregation to the encoders, so FeSTA's averaging of heads
+and tails within a task is not done. The stage lengths are not given by either
+paper: `task_specific_rounds` = 1 by default (our choice). The derivation and
+its sources are in `fedsta_math`.
+"""
+
+import jax.numpy as jnp
+import ml_collections
+
+from fedjax_mtl.algorithms import fedsta_math, rules
+from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
+                                        ServerState, config_block)
+from fedjax_mtl.errors import ConfigError
+
+
+def default_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({'task_specific_rounds': 1})
+
+
+def shared_body() -> Server:
+  """Every client's encoder becomes the one shared body (uniform mean)."""
+  def apply(state, x: ServerInputs):
+    out = {}
+    for role in x.local:
+      out[role], _ = fedsta_math.aggregate(x.prev[role], x.local[role])
+    return out, state, {}
+
+  return Server(init=lambda views: ServerState(), apply=apply)
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  """Shared body while task-agnostic; frozen body, local heads at the end."""
+  cfg = config_block(config, 'fedsta', default_config())
+  if not 0 <= cfg.task_specific_rounds < info.num_rounds:
+    raise ConfigError(f'fedsta.task_specific_rounds={cfg.task_specific_rounds} is out of range; '
+                      f'valid range: 0 <= task_specific_rounds < num_rounds={info.num_rounds}')
+  agnostic = info.num_rounds - cfg.task_specific_rounds
+
+  def trainable(round_idx):
+    return {'encoder': jnp.asarray(round_idx) < agnostic}
+
+  return Algorithm(name='fedsta', client=Client(trainable=trainable),
+                   server=rules.for_rounds(shared_body(), agnostic),
+                   roles={'encoder': 'shared', 'decoder': 'personal', 'head': 'personal'})

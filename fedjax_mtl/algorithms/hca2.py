@@ -1,0 +1,204 @@
+"""FedHCA2: hyper conflict-averse encoders, hyper cross-attention decoders, learned α/β.
+
+Per round (spec fedhca2.md §3.5, released-code order):
+  1. Δθ = local - previous personalised params, for the N encoders and K decoders;
+  2. from the second round on, one SGD step on α [N] and β [K, L] with the
+     closed-form hypergradients g_α_i = -<Ũ^(r-1), Δθ_i^E>, g_β_{k,l} =
+     -Σ_{p∈l} <Ã^(r-1)_{k,p}, Δθ_{k,p}> (zero where the raw weight is outside [0, 1]);
+  3. encoders: Ũ = conflict_averse(Δθ^E); θ_i ← θ_i + Δθ_i (homo-averaged) + clamp(α_i)·Ũ;
+  4. decoders: Ã = cross_attention(Δθ^D) per tensor; θ_k ← θ_k + Δθ_k + clamp(β_{k,l})·Ã_k.
+Ũ, Ã, α, β and the two SGD states are the rule's state (checkpointed).
+
+Ablations (config.hca2): `encoder_agg` in {conflict_averse, fedavg, none},
+`decoder_agg` in {cross_attention, fedavg, none}, `ca_c`, `ca_rescale`, `homo`,
+`alpha_init`, `beta_init`, `hyper_lr`, `hyper_momentum`, `hyper_weight_decay`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from fedjax_mtl.algorithms import hca2_math as hm
+from fedjax_mtl.algorithms import rules
+from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
+                                        ServerState, config_block, tree_sub)
+from fedjax_mtl.errors import ConfigError, check_choice
+
+PyTree = Any
+ENCODER_RULES = ('conflict_averse', 'fedavg', 'none')
+DECODER_RULES = ('cross_attention', 'fedavg', 'none')
+
+
+def conflict_averse(deltas: PyTree, c: float = 0.4, rescale: bool = True) -> PyTree:
+  """Hyper conflict-averse update Ũ from stacked client updates `[N, ...]`.
+
+  Solves the CAGrad dual min_w w·A·1/N + √φ·sqrt(w·A·w) over the simplex on the
+  Gram matrix A of the flattened updates (built leaf by leaf), then returns
+  Ũ = Δ̄ + √φ/‖U_w‖ · U_w with √φ = c‖Δ̄‖, divided by 1 + c² when `rescale`
+  (the released code's default). Returns one unstacked pytree (a client's shape).
+  """
+  return hm.conflict_averse(deltas, c=c, rescale=rescale)
+
+
+def cross_attention(deltas: PyTree) -> PyTree:
+  """Hyper cross-attention Ã from stacked decoder updates `[K, ...]`.
+
+  Per leaf (parameter tensor) with rows V = flattened updates:
+  Ã = softmax(V Vᵀ / √d) V, d = the tensor's size, self included, no
+  projections. Returns a stacked pytree with the input's structure.
+  """
+  return hm.cross_attention(deltas)
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """FedHCA2 knobs (released-code defaults)."""
+  c = ml_collections.ConfigDict()
+  c.encoder_agg = 'conflict_averse'
+  c.decoder_agg = 'cross_attention'
+  c.ca_c = 0.4
+  c.ca_rescale = True  # released code divides Ũ by 1 + c²
+  c.homo = True  # released code: average the updates of consecutive same-task clients
+  c.alpha_init = 0.1
+  c.beta_init = 0.1
+  c.hyper_lr = 1e-2
+  c.hyper_momentum = 0.9
+  c.hyper_weight_decay = 1e-4
+  return c
+
+
+def layer_of_leaf(decoders: PyTree, layers: tuple[str, ...]) -> PyTree:
+  """Index into `layers` of every decoder leaf (the layer module on its path)."""
+  def idx(path, _):
+    names = [k.key for k in path if hasattr(k, 'key')]
+    hit = [n for n in names if n in layers]
+    if not hit:
+      raise ConfigError(f'decoder leaf {jax.tree_util.keystr(path)} is in none of the '
+                        f'decoder layers {layers}')
+    return layers.index(hit[0])
+  return jax.tree_util.tree_map_with_path(idx, decoders)
+
+
+def _add_scaled(base: PyTree, weight: PyTree, agg: PyTree) -> PyTree:
+  """base + clamp(weight, 0, 1) * agg per stacked row (agg stacked or shared)."""
+  def one(b, w, g):
+    w = jnp.clip(w, 0., 1.).reshape(w.shape + (1,) * (b.ndim - 1))
+    g = g if g.ndim == b.ndim else g[None]
+    return (b.astype(jnp.float32) + w * g.astype(jnp.float32)).astype(b.dtype)
+  return jax.tree.map(one, base, weight, agg)
+
+
+def _layer_entropy(entropy: PyTree, layers: PyTree, num_layers: int) -> jax.Array:
+  """Mean attention entropy of the tensors of each layer, [L]."""
+  tot = jnp.zeros((num_layers,))
+  cnt = np.zeros((num_layers,))
+  for e, l in zip(jax.tree.leaves(entropy), jax.tree.leaves(layers)):
+    tot = tot.at[l].add(e)
+    cnt[l] += 1
+  return tot / jnp.asarray(np.maximum(cnt, 1))
+
+
+def _hyper_tx(cfg) -> optax.GradientTransformation:
+  """torch SGD(momentum, weight_decay): coupled L2 before momentum. The
+  hyper-parameters live in the optimizer state (inject_hyperparams), so sweeping
+  them reuses one compiled round."""
+  return optax.chain(
+      optax.inject_hyperparams(optax.add_decayed_weights)(weight_decay=cfg.hyper_weight_decay),
+      optax.inject_hyperparams(optax.sgd)(learning_rate=cfg.hyper_lr,
+                                          momentum=cfg.hyper_momentum))
+
+
+def _hyper_step(tx, w, opt, grad, on):
+  """One SGD step on a hyper weight, taken only when `on` (from round 2)."""
+  upd, new_opt = tx.update(grad, opt, w)
+  new_w = optax.apply_updates(w, upd)
+  pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(on, x, y), a, b)
+  return pick(new_w, w), pick(new_opt, opt)
+
+
+def conflict_averse_encoders(info: FedInfo, cfg) -> Server:
+  """Encoders: θ_i ← θ_i + Δθ_i (homo-averaged) + clamp(α_i)·Ũ, Ũ = CA(Δθ), learned α [N]."""
+  tx = _hyper_tx(cfg)
+  homo_ids = info.homo_groups if cfg.homo else tuple(range(info.num_clients))
+  homo_active = len(set(homo_ids)) < len(homo_ids)
+
+  def init(views):
+    alpha = jnp.full((info.num_clients,), cfg.alpha_init, jnp.float32)
+    prev_u = jax.tree.map(lambda x: jnp.zeros(x.shape[1:], jnp.float32), views['encoder'])
+    return ServerState(shared={'alpha': alpha, 'alpha_opt': tx.init(alpha), 'prev_u': prev_u})
+
+  def apply(state: ServerState, x: ServerInputs):
+    st = state.shared
+    prev, local = x.prev['encoder'], x.local['encoder']
+    # The encoder deltas (N x 27.5M for Swin-T) are never materialised: the Gram
+    # matrix and the α inner products <Ũ^(r-1), Δθ_i> share one read pass.
+    u, aux = hm.conflict_averse_from(local, prev, c=cfg.ca_c, rescale=cfg.ca_rescale,
+                                     probe=st['prev_u'])
+    g_alpha = hm.hyper_grad(aux['probe_dots'], st['alpha'])
+    alpha, alpha_opt = _hyper_step(tx, st['alpha'], st['alpha_opt'], g_alpha, x.round >= 1)
+    if homo_active:
+      base = jax.tree.map(lambda p, d: (p.astype(jnp.float32) + d).astype(p.dtype),
+                          prev, hm.homo_average(tree_sub(local, prev), homo_ids))
+    else:
+      base = local  # θ_prev + Δθ exactly, so α = 0 gives Local bitwise
+    enc = _add_scaled(base, jax.tree.map(lambda _: alpha, base), u)
+    logs = dict(alpha=alpha, alpha_grad=g_alpha, ca_w=aux['w'],
+                ca_conflict_rate=aux['conflict_rate'])
+    return ({'encoder': enc},
+            state._replace(shared={'alpha': alpha, 'alpha_opt': alpha_opt, 'prev_u': u}), logs)
+
+  return Server(init=init, apply=apply)
+
+
+def cross_attention_decoders(info: FedInfo, cfg) -> Server:
+  """Decoders: θ_k ← θ_k + Δθ_k + clamp(β_{k,l})·Ã_k, Ã per tensor over all K, learned β [K, L]."""
+  tx = _hyper_tx(cfg)
+  num_layers = len(info.decoder_layers)
+
+  def init(views):
+    beta = jnp.full((info.num_decoders, num_layers), cfg.beta_init, jnp.float32)
+    prev_a = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), views['decoder'])
+    return ServerState(shared={'beta': beta, 'beta_opt': tx.init(beta), 'prev_a': prev_a})
+
+  def apply(state: ServerState, x: ServerInputs):
+    st = state.shared
+    prev, local = x.prev['decoder'], x.local['decoder']
+    d_dec = tree_sub(local, prev)
+    layers = layer_of_leaf(prev, info.decoder_layers)
+    g_beta = hm.beta_grad(st['prev_a'], d_dec, st['beta'], layers)
+    beta, beta_opt = _hyper_step(tx, st['beta'], st['beta_opt'], g_beta, x.round >= 1)
+    a, att = hm.cross_attention(d_dec, return_attention=True)
+    dec = _add_scaled(local, hm.beta_per_leaf(beta, layers), a)
+    logs = dict(beta=beta, beta_grad=g_beta,
+                attention_entropy=_layer_entropy(att['entropy'], layers, num_layers))
+    return ({'decoder': dec},
+            state._replace(shared={'beta': beta, 'beta_opt': beta_opt, 'prev_a': a}), logs)
+
+  return Server(init=init, apply=apply)
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  """FedHCA2 from `config.hca2` (see `default_config`): the two hyper rules by role;
+  the ablations put FedAvg (`rules.mean`) or nothing (the role stays personal) in
+  either place."""
+  cfg = config_block(config, 'hca2', default_config())
+  check_choice('hca2.encoder_agg', cfg.encoder_agg, ENCODER_RULES)
+  check_choice('hca2.decoder_agg', cfg.decoder_agg, DECODER_RULES)
+  if not 0 <= cfg.ca_c < 1:
+    raise ConfigError(f'hca2.ca_c={cfg.ca_c} is out of range; valid range: [0, 1)')
+  if cfg.hyper_lr < 0:
+    raise ConfigError(f'hca2.hyper_lr={cfg.hyper_lr} is out of range; valid range: >= 0')
+  enc = {'conflict_averse': lambda: conflict_averse_encoders(info, cfg),
+         'fedavg': rules.mean}.get(cfg.encoder_agg)
+  dec = {'cross_attention': lambda: cross_attention_decoders(info, cfg),
+         'fedavg': rules.mean}.get(cfg.decoder_agg)
+  parts = {r: f() for r, f in (('encoder', enc), ('decoder', dec)) if f is not None}
+  return Algorithm(
+      name='hca2', client=Client(), server=rules.by_role(parts),
+      roles={'encoder': 'shared' if enc else 'personal',
+             'decoder': 'shared' if dec else 'personal', 'head': 'personal'})

@@ -1,0 +1,45 @@
+"""MaT-FL: dynamic grouping of the encoders; decoders and heads stay personal.
+
+Each round the server compares the clients' encoders by the cosine of their
+deviations from the mean model and mixes them with a row-stochastic weight
+matrix (`matfl_math`): `hard` = average-linkage agglomerative clustering into
+`num_clusters` groups (K = 2, FedHCA2 spec §6) and a uniform mean within each
+group; `soft` = rows of max(cos + th, 0), normalised. Both are the released
+code's `dg_utils` options (spec matu.md §3). Batch-norm statistics stay local.
+"""
+
+import ml_collections
+
+from fedjax_mtl.algorithms import matfl_math as mm
+from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
+                                        ServerState, config_block)
+from fedjax_mtl.errors import ConfigError, check_choice
+
+
+def default_config() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({'mode': 'hard', 'num_clusters': 2, 'th': 0.0})
+
+
+def grouping(mode: str, num_clusters: int, th: float) -> Server:
+  """Every row of every role it gets becomes its group's weighted mean."""
+  def apply(state, x: ServerInputs):
+    out, logs = {}, {}
+    for role, local in x.local.items():
+      w, aux = mm.group_weights(local, mode, num_clusters, th)
+      out[role] = mm.mix(w, local)
+      logs.update({f'matfl_{role}_weights': w, f'matfl_{role}_labels': aux['labels']})
+    return out, state, logs
+
+  return Server(init=lambda views: ServerState(), apply=apply)
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  """MaT-FL's grouping on the encoders."""
+  cfg = config_block(config, 'matfl', default_config())
+  check_choice('matfl.mode', cfg.mode, mm.MODES)
+  if cfg.mode == 'hard' and not 1 <= cfg.num_clusters <= info.num_clients:
+    raise ConfigError(f'matfl.num_clusters={cfg.num_clusters} is out of range; valid range: '
+                      f'1 <= num_clusters <= number of clients ({info.num_clients})')
+  return Algorithm(name='matfl', client=Client(),
+                   server=grouping(cfg.mode, int(cfg.num_clusters), float(cfg.th)),
+                   roles={'encoder': 'shared', 'decoder': 'personal', 'head': 'personal'})

@@ -1,0 +1,308 @@
+"""Building an experiment: config -> federation, models, algorithm, mesh; round-0 state.
+
+Everything here is static for a run (nothing is written to disk): the client
+groups, the Flax models, the optimizer, the algorithm with the role labels of
+every parameter, and the device mesh. `build` caches one experiment per config
+(ignoring logging and checkpoint cadence), so running the same config again in
+one process (a notebook, a resumed run, tests) reuses its compiled functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fedjax_mtl import algorithms, federation, local, scenarios
+from fedjax_mtl.algorithms.base import ServerState
+from fedjax_mtl.data import real, synthetic
+from fedjax_mtl.errors import ConfigError, check_choice
+from fedjax_mtl.models import get_encoder
+from fedjax_mtl.models.decoder import DECODER_LAYERS
+from fedjax_mtl.models.multitask import MultiTaskNet, param_roles
+from fedjax_mtl.state import FedState, GroupState
+
+PyTree = Any
+DATA_SOURCES = ('synthetic', 'real')
+# Config fields that do not change what a run computes: they may change
+# between a run and its resumption (dotted names are nested fields).
+RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'eval_edge_ods',
+                    'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
+                    'data.cache_dir')
+# XLA:CPU's `cse_barrier_expander` pass drops the optimisation barriers that
+# `jax.checkpoint` places around the recomputed forward, and CSE then merges the
+# recomputation back into the forward pass: remat would change nothing.
+# Compiling with this option keeps it. GPU and TPU keep the barriers on their own.
+KEEP_REMAT_ON_CPU = {'xla_disable_hlo_passes': 'cse_barrier_expander'}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Experiment:
+  """Everything static about a run."""
+  config: ml_collections.ConfigDict
+  fed: federation.Federation
+  data: dict  # synthetic arrays per dataset and split ({} on real data)
+  mesh: Mesh
+  encoder: Any
+  models_train: list
+  models_eval: list
+  tx: Any
+  algorithm: algorithms.Algorithm
+  labels: list  # per group: the role of every parameter leaf (one client's structure)
+  compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # jitted fns, by feed
+
+  @property
+  def streamed(self) -> bool:
+    return self.config.data.source == 'real'
+
+  @property
+  def client_sharding(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P('clients'))
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P())
+
+
+@functools.lru_cache(maxsize=8)
+def _synthetic(domain, split, n, resolution, seed):
+  return synthetic.generate(domain, split, n, resolution, seed)
+
+
+def datasets(config) -> list[str]:
+  """The datasets the scenario's clients use."""
+  return sorted({b[0] for b in scenarios.layout(config.scenario)})
+
+
+def load_data(config) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+  """Synthetic train/test arrays per dataset used by the scenario."""
+  out = {}
+  for d in datasets(config):
+    res = tuple(config.data.resolution[d])
+    out[d] = {split: _synthetic(d, split, int(config.data[f'num_{split}'][d]), res,
+                                int(config.data.seed))
+              for split in ('train', 'test')}
+  return out
+
+
+def run_fields(config, keep: tuple[str, ...] = ()) -> dict:
+  """The config (or its JSON dict) without the fields a run may change when resumed."""
+  d = json.loads(config if isinstance(config, str) else config.to_json_best_effort())
+  for f in RESUMABLE_FIELDS:
+    if f in keep:
+      continue
+    *parents, last = f.split('.')
+    node = d
+    for p in parents:
+      node = node.get(p, {})
+    node.pop(last, None)
+  return d
+
+
+_BUILT: dict[str, Experiment] = {}
+
+
+def build(config) -> Experiment:
+  """Validate the config and build the (static) experiment; writes nothing.
+
+  Cached per config (at most one experiment's buffers stay alive).
+  """
+  key = json.dumps(run_fields(config, keep=('data.data_dir', 'data.cache_dir')), sort_keys=True)
+  if key not in _BUILT:
+    _BUILT.clear()
+    _BUILT[key] = _build(config)
+  return _BUILT[key]
+
+
+def fed_info(fed: federation.Federation, num_rounds: int) -> algorithms.FedInfo:
+  """The static facts the algorithm sees."""
+  return algorithms.FedInfo(
+      num_clients=fed.num_clients, num_decoders=fed.num_decoders,
+      decoder_client=fed.decoder_client, decoder_names=fed.decoder_names,
+      client_names=tuple(c.name for c in fed.clients), homo_groups=fed.homo_groups,
+      decoder_layers=DECODER_LAYERS, num_rounds=num_rounds,
+      client_keys=tuple((c.dataset, '+'.join(c.tasks)) for c in fed.clients),
+      decoder_keys=tuple((c.dataset, t) for c in fed.clients for t in c.tasks))
+
+
+def _build(config) -> Experiment:
+  algorithms.check(config.algorithm)
+  check_choice('data source', config.data.source, DATA_SOURCES)
+  scenarios.layout(config.scenario)
+  model_kw = {k: v for k, v in config.model.get('kwargs', {}).items()}
+  if config.model.get('dtype', 'float32') not in ('float32', 'bfloat16'):
+    raise ConfigError(f"unknown model dtype {config.model.dtype!r}; valid choices: "
+                      "'float32', 'bfloat16'")
+  dtype = jnp.dtype(config.model.get('dtype', 'float32'))
+  model_kw['remat'] = remat(config)
+  encoder = get_encoder(config.model.encoder, dtype=dtype, **model_kw)
+  if config.data.source == 'real':
+    data = {}
+    num_train = {d: len(real.open_split(config, d, 'train', tasks=()))
+                 for d in datasets(config)}
+    parts_filter = real.parts_filter(config)
+  else:
+    data = load_data(config)
+    num_train = {d: len(v['train']['image']) for d, v in data.items()}
+    parts_filter = scenarios.label_parts_filter({d: v['train'] for d, v in data.items()})
+  clients = scenarios.build_clients(config, num_train, parts_filter=parts_filter)
+  devices = jax.devices()
+  n_dev = config.num_devices or len(devices)
+  if n_dev > len(devices):
+    raise ConfigError(f'num_devices={n_dev} but only {len(devices)} devices are visible')
+  mesh = Mesh(np.asarray(devices[:n_dev]), ('clients',))
+  fed = federation.build_federation(clients, n_dev)
+  alg = algorithms.get_algorithm(config.algorithm, fed_info(fed, config.num_rounds), config)
+  models_train = [MultiTaskNet(encoder, g.head_channels, train=True, dtype=dtype)
+                  for g in fed.groups]
+  models_eval = [m.clone(train=False) for m in models_train]
+  labels = []
+  for g, m in zip(fed.groups, models_train):
+    h, w = config.data.resolution[g.dataset]
+    shapes = jax.eval_shape(lambda m=m: m.init(jax.random.PRNGKey(0), jnp.zeros((1, h, w, 3))))
+    labels.append(param_roles(shapes['params']))
+  for role in ('head',):
+    if alg.roles.get(role) == 'shared':
+      raise ConfigError(f'algorithm {config.algorithm!r} shares the {role}s, whose shapes differ '
+                        'between tasks; heads can be personal or frozen')
+  return Experiment(config=config, fed=fed, data=data, mesh=mesh, encoder=encoder,
+                    models_train=models_train, models_eval=models_eval,
+                    tx=local.make_optimizer(config.optim), algorithm=alg, labels=labels)
+
+
+def remat(config) -> bool:
+  """Whether the encoder rematerialises: `model.remat`, unless `model.kwargs.remat` overrides it."""
+  return bool(config.model.get('kwargs', {}).get('remat', config.model.get('remat', False)))
+
+
+def train_compiler_options(config) -> dict[str, str] | None:
+  """XLA options for the jitted training programs: `KEEP_REMAT_ON_CPU` when the
+  encoder rematerialises on the CPU backend, else None."""
+  if remat(config) and jax.default_backend() == 'cpu':
+    return dict(KEEP_REMAT_ON_CPU)
+  return None
+
+
+def views(exp: Experiment, group_params: list, role: str) -> PyTree:
+  """`role`'s rows of every real client, stacked across groups."""
+  return federation.gather_rows(
+      [federation.role_view(p, lab, role) for p, lab in zip(group_params, exp.labels)],
+      exp.fed, role)
+
+
+def _init_fn(exp: Experiment):
+  """`init(seed) -> (groups, round, rng)`: one shared encoder, fresh decoders/heads per client."""
+  cfg = exp.config
+
+  def init(seed):
+    # Parameter init uses the 'rbg' PRNG (XLA RngBitGenerator): it compiles
+    # several times faster on CPU than threefry for the hundreds of
+    # initialiser calls; the training RNG stays threefry.
+    k_enc, k_models = jax.random.split(jax.random.key(seed, impl='rbg'))
+    k_run = jax.random.PRNGKey(seed)
+    groups = []
+    enc_params = None
+    for spec, model in zip(exp.fed.groups, exp.models_train):
+      h, w = cfg.data.resolution[spec.dataset]
+      dummy = jnp.zeros((1, h, w, 3), jnp.float32)
+      ids = jnp.asarray(list(spec.client_ids) + [spec.client_ids[0]] * spec.num_pad)
+      keys = jax.vmap(lambda i: jax.random.fold_in(k_models, i))(ids)
+      variables = jax.vmap(lambda k: model.init({'params': k, 'dropout': k}, dummy))(keys)
+      if enc_params is None:
+        enc_params = model.init({'params': k_enc, 'dropout': k_enc},
+                                dummy)['params']['encoder']
+      groups.append((dict(variables['params']), variables['batch_stats']))
+    out = []
+    for (params, bstats), spec in zip(groups, exp.fed.groups):
+      params['encoder'] = jax.tree.map(
+          lambda x: jnp.broadcast_to(x, (spec.num_total,) + x.shape), enc_params)
+      out.append((params, bstats))
+    return out, jnp.zeros((), jnp.int32), k_run
+
+  return init
+
+
+def _client_states(exp: Experiment, params_bstats: list) -> list[GroupState]:
+  """Group states from round-0 params: optimizer, client-part and personal-model states."""
+  alg = exp.algorithm
+  out = []
+  for params, bstats in params_bstats:
+    opt = jax.vmap(exp.tx.init)(params)
+    personal = (params, bstats, opt) if alg.client.personal_model else ()
+    out.append(GroupState(params=params, batch_stats=bstats, opt_state=opt,
+                          client=jax.vmap(alg.client.init)(params), personal=personal))
+  return out
+
+
+def _with_server(exp: Experiment, groups: list[GroupState], rnd, rng) -> FedState:
+  """The round-0 state with the server's state (per-row parts scattered into the groups)."""
+  alg = exp.algorithm
+  params = [g.params for g in groups]
+  sstate: ServerState = alg.server.init({r: views(exp, params, r) for r in alg.shared_roles})
+  rows = {r: federation.scatter_rows(v, exp.fed, r) for r, v in sstate.rows.items()}
+  groups = [g.replace(server_rows={r: rows[r][i] for r in rows}) for i, g in enumerate(groups)]
+  return FedState(round=rnd, rng=rng, groups=groups, server=sstate.shared)
+
+
+def init_state(exp: Experiment, abstract: bool = False) -> FedState:
+  """Round-0 federation state, placed on the mesh (or its abstract shapes).
+
+  All clients start from one shared encoder (loaded from
+  `model.pretrained_path` when set); decoders and heads are initialised per
+  client from keys folded with the client id.
+  """
+  key = jnp.asarray(exp.config.seed, jnp.uint32)
+  init = _init_fn(exp)
+  pretrained = exp.config.model.get('pretrained_path')
+
+  def full(seed, enc=None):
+    pb, rnd, rng = init(seed)
+    if enc is not None:
+      pb = [({**p, 'encoder': jax.tree.map(
+          lambda x: jnp.broadcast_to(x, (g.num_total,) + x.shape), enc)}, b)
+            for (p, b), g in zip(pb, exp.fed.groups)]
+    return _with_server(exp, _client_states(exp, pb), rnd, rng)
+
+  if abstract:
+    state = jax.eval_shape(full, key)
+    groups = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.client_sharding),
+        state.groups)
+    rep = lambda t: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.replicated), t)
+    return FedState(round=rep(state.round), rng=rep(state.rng), groups=groups,
+                    server=rep(state.server))
+  enc = None
+  if pretrained:
+    like = jax.eval_shape(init, key)[0][0][0]['encoder']
+    enc = load_pretrained_encoder(pretrained, exp.encoder,
+                                  jax.tree.map(lambda x: x[0], like))
+  state = jax.jit(full)(key, enc)
+  return place(exp, state)
+
+
+def load_pretrained_encoder(path: str, encoder, like: PyTree) -> PyTree:
+  """Converted encoder weights from `path` (checked against the model's shapes)."""
+  if not os.path.exists(path):
+    raise ConfigError(f'model.pretrained_path {path!r} does not exist')
+  from fedjax_mtl.models import convert  # needs the Swin family
+  params = convert.load_pretrained(path, encoder)
+  shapes = jax.tree.map(np.shape, params)
+  if shapes != jax.tree.map(np.shape, like):
+    raise ConfigError(f'pretrained weights in {path!r} do not match model {encoder!r}')
+  return jax.tree.map(jnp.asarray, params)
+
+
+def place(exp: Experiment, state: FedState) -> FedState:
+  """Shard client axes over the mesh; replicate the rest."""
+  groups = jax.device_put(state.groups, exp.client_sharding)
+  rest = jax.device_put((state.round, state.rng, state.server), exp.replicated)
+  return FedState(round=rest[0], rng=rest[1], groups=groups, server=rest[2])
