@@ -344,6 +344,8 @@ def bench_rules(repeats: int = 3, names=None) -> dict:
     out[f'{name}: read_floor_s'] = floor
     out[f'{name}: vs_floor'] = t / floor
     out[f'{name}: read_GB'] = r['read_bytes'] / 1e9
+    print(f'{name:24s} {t:.3f} s donated, read floor {floor:.3f} s ({t / floor:.1f}x), '
+          f"compile {r['compile_s']:.1f} s", flush=True)
     del r
   return out
 
@@ -533,6 +535,8 @@ def main(argv=None):
                           'algorithms', 'rules', 'all'])
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
                  help='--only=algorithms: comma-separated algorithm configs to time')
+  p.add_argument('--rules', default='', help='--only=rules: comma-separated names of RULES '
+                                             '(default: all)')
   p.add_argument('--mfu_resolution', type=int, default=512)
   p.add_argument('--mfu_dtype', default='bfloat16', choices=['bfloat16', 'float32'])
   p.add_argument('--mfu_remat', action='store_true')
@@ -568,7 +572,7 @@ def main(argv=None):
     results['algorithms'] = bench_algorithms(a.variant, a.repeats,
                                              tuple(a.algorithms.split(',')))
   if a.only == 'rules':  # not in 'all': nine compiles at Swin-T scale
-    results['rules'] = bench_rules(a.repeats)
+    results['rules'] = bench_rules(a.repeats, a.rules.split(',') if a.rules else None)
   if a.only == 'swin_memory':  # not in 'all': four compiles at 512x512
     results['swin_memory'] = bench_swin_memory()
   if a.only == 'mfu':  # not in 'all': a 512x512 step is for accelerators

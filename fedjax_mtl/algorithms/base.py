@@ -216,25 +216,13 @@ def num_rows(stacked: PyTree) -> int:
   return sizes.pop()
 
 
-def _leaf_deviation_gram(x: jax.Array) -> jax.Array:
-  """Gram [N, N] of one leaf's flattened rows minus their mean, in float32."""
-  n = x.shape[0]
-  x = jnp.reshape(x, (n, -1)).astype(jnp.float32)
-  # Subtract row 0 first: w_i - w_0 is exact in float32 when the w's are close
-  # (Sterbenz), so the mean is taken of small numbers and its rounding error
-  # scales with the deviations (~1e-3), not with the weights (~1). Double-centring
-  # the Gram of the w's would cancel catastrophically.
-  x = x - x[:1]
-  d = x - jnp.mean(x, axis=0, keepdims=True)
-  return jnp.dot(d, d.T, precision=jax.lax.Precision.HIGHEST)
-
-
 def deviation_gram(stacked: PyTree) -> jax.Array:
-  """Gram matrix [N, N] of the flattened rows' deviations from their mean, summed leaf by
-  leaf (no [N, D] copy of the whole tree); exactly symmetric."""
+  """Gram matrix [N, N] of the flattened rows' deviations from their mean, accumulated
+  leaf by leaf in column chunks (no [N, D] copy, no leaf-sized temporary); exactly
+  symmetric."""
+  from fedjax_mtl.algorithms import hca2_math  # the chunked Gram pass lives there
   num_rows(stacked)
-  g = sum(_leaf_deviation_gram(x) for x in jax.tree.leaves(stacked))
-  return 0.5 * (g + g.T)
+  return hca2_math.deviation_gram(stacked)
 
 
 def roles_where(labels: PyTree, policy: Mapping[str, str], wanted: str) -> tuple[str, ...]:
