@@ -91,8 +91,6 @@ class Federation:
     """[N] local training examples per client."""
     return np.asarray([c.num_train for c in self.clients], np.float32)
 
-  def num_rows(self, role: str) -> int:
-    return self.num_clients if role == 'encoder' else self.num_decoders
 
 
 def consecutive_group_ids(keys: Sequence[Hashable]) -> tuple[int, ...]:

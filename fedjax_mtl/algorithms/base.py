@@ -33,7 +33,6 @@ Views = dict  # role -> stacked pytree [rows, ...]
 
 ROLES = ('encoder', 'decoder', 'head')  # parameter roles the models label
 STACKABLE = ('encoder', 'decoder')  # roles that stack across client groups
-POLICIES = ('shared', 'personal', 'frozen')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +49,6 @@ class FedInfo:
   client_keys: tuple[tuple[str, str], ...] = ()  # (dataset, tasks) per client
   decoder_keys: tuple[tuple[str, str], ...] = ()  # (dataset, task) per decoder
 
-  def num_rows(self, role: str) -> int:
-    return self.num_clients if role == 'encoder' else self.num_decoders
 
   def row_client(self, role: str) -> tuple[int, ...]:
     """Owner client of every row of `role`'s stacked view."""
@@ -223,9 +220,3 @@ def deviation_gram(stacked: PyTree) -> jax.Array:
   from fedjax_mtl.algorithms import hca2_math  # the chunked Gram pass lives there
   num_rows(stacked)
   return hca2_math.deviation_gram(stacked)
-
-
-def roles_where(labels: PyTree, policy: Mapping[str, str], wanted: str) -> tuple[str, ...]:
-  """The roles of `labels` whose policy is `wanted`."""
-  present = {l for l in jax.tree.leaves(labels)}
-  return tuple(r for r in ROLES if r in present and policy.get(r) == wanted)

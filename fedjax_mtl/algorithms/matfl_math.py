@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_mtl.algorithms.base import deviation_gram, num_rows  # noqa: F401 (re-exported)
+from fedjax_mtl.algorithms.base import deviation_gram, mix_rows, num_rows  # noqa: F401 (re-exported)
 
 PyTree = Any
 
@@ -142,16 +142,9 @@ def group_weights(
   return weights, {'cos': cos, 'labels': labels}
 
 
-def mix(weights: jax.Array, stacked: PyTree) -> PyTree:
-  """New stacked pytree with new_i = sum_j W_ij w_j for every leaf, each leaf keeping its dtype."""
-  w = jnp.asarray(weights, jnp.float32)
-
-  def one(x: jax.Array) -> jax.Array:
-    # A [N, N] x [N, ...] contraction: no N x N x d intermediate.
-    y = jnp.tensordot(w, x.astype(jnp.float32), axes=1, precision=_HI)
-    return y.astype(x.dtype)
-
-  return jax.tree_util.tree_map(one, stacked)
+# new_i = Σ_j W_ij w_j per leaf, each leaf keeping its dtype (one [N, N] x [N, d]
+# contraction per leaf).
+mix = mix_rows
 
 
 __all__ = [

@@ -9,7 +9,7 @@ each role its own rule; wrappers (`for_rounds`, `with_server_momentum`,
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -191,8 +191,3 @@ def _cat_rows(parts: list, groups: list[np.ndarray]):
     return parts[0]
   order = np.argsort(np.concatenate(groups))
   return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0)[jnp.asarray(order)], *parts)
-
-
-def map_rows(fn: Callable, views: Views) -> Views:
-  """`fn` applied to every role's stacked rows."""
-  return {r: fn(v) for r, v in views.items()}
