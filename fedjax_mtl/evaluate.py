@@ -7,7 +7,7 @@ are fetched once per evaluation; `finalize_group` turns them into metrics.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,20 +34,36 @@ def batch_test_split(split: dict[str, np.ndarray], batch_size: int) -> dict[str,
   return out
 
 
-def make_group_evaluator(group: GroupSpec, model_eval) -> Callable:
-  """Returns `evaluate(params, batch_stats, test_batches) -> stats` for the group.
+def edge_holders(group: GroupSpec) -> tuple[int, ...]:
+  """Indices of the group's real clients that hold the edge task."""
+  info = tasks_lib.DATASETS[group.dataset]
+  if 'edge' not in group.tasks_used:
+    return ()
+  edge_id = info.task_id('edge')
+  return tuple(j for j in range(group.num_real) if edge_id in group.task_ids[j])
+
+
+def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False) -> Callable:
+  """Returns `evaluate(params, batch_stats, test_batches) -> (stats, probs)` for the group.
 
   `stats[s][task]` holds the pooled statistics of `task` in slot `s`, with a
   leading client axis, masked to the clients that hold `task` in that slot.
+  With `edge_probs` and edge clients in the group, `probs` [batches,
+  holders, B, H, W] are the edge clients' edge probabilities (for the
+  host-side odsF) from the same forward pass; else None.
   """
   info = tasks_lib.DATASETS[group.dataset]
   task_ids = jnp.asarray(group.task_ids)
   used = ('image',) + group.tasks_used
+  holders = jnp.asarray(edge_holders(group), jnp.int32) if edge_probs else None
+  with_probs = edge_probs and len(edge_holders(group)) > 0
+  edge_id = info.task_id('edge') if with_probs else -1
 
   def client_stats(params, batch_stats, tids, batch):
     outs = model_eval.apply({'params': params, 'batch_stats': batch_stats},
                             normalize_image(batch['image'], batch.get('box')))
     stats = []
+    prob = jnp.zeros(outs[0].shape[:3], jnp.float32) if with_probs else None
     for s, out in enumerate(outs):
       per = {}
       for t in group.slot_tasks[s]:
@@ -55,21 +71,23 @@ def make_group_evaluator(group: GroupSpec, model_eval) -> Callable:
         on = tids[s] == info.task_id(t)
         per[t] = jax.tree.map(lambda x: jnp.where(on, x, jnp.zeros_like(x)), st)
       stats.append(per)
-    return stats
+      if with_probs and 'edge' in group.slot_tasks[s]:
+        prob = jnp.where(tids[s] == edge_id, jax.nn.sigmoid(out[..., 0]), prob)
+    return stats, prob
 
   def evaluate(params, batch_stats, test_batches):
     batches = {k: test_batches[k] for k in used + ('box',) if k in test_batches}
     first = jax.tree.map(lambda x: x[0], batches)
-    init = jax.eval_shape(
-        lambda: jax.vmap(client_stats, (0, 0, 0, None))(params, batch_stats, task_ids, first))
+    run = jax.vmap(client_stats, (0, 0, 0, None))
+    init = jax.eval_shape(lambda: run(params, batch_stats, task_ids, first)[0])
     init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init)
 
     def body(acc, batch):
-      st = jax.vmap(client_stats, (0, 0, 0, None))(params, batch_stats, task_ids, batch)
-      return jax.tree.map(jnp.add, acc, st), None
+      st, prob = run(params, batch_stats, task_ids, batch)
+      return jax.tree.map(jnp.add, acc, st), (prob[holders] if with_probs else None)
 
-    acc, _ = jax.lax.scan(body, init, batches)
-    return acc
+    acc, probs = jax.lax.scan(body, init, batches)
+    return acc, probs
 
   return evaluate
 
@@ -88,53 +106,30 @@ def finalize_group(group: GroupSpec, stats, clients) -> list[dict]:
   return rows
 
 
-def make_edge_predictor(group: GroupSpec, model_eval) -> Callable | None:
-  """`predict(params, batch_stats, batch) -> [n_clients, B, H, W]` edge probabilities.
+class EdgeScores:
+  """Host-side odsF of a group's edge clients, fed batch by batch.
 
-  Each client's edge map comes from the slot where it holds 'edge' (zeros for
-  clients without edge). None if no client of the group has the edge task.
+  `update(probs, gt)` takes the edge probabilities [holders, B, H, W] the
+  evaluator returned for one test batch and its edge labels [B, H, W]
+  (padding marked 255, cropped away before matching); `rows()` gives the odsF
+  rows (×100) from the SEISM-equivalent pipeline in `metrics.edge` (NMS,
+  thinning, one-to-one matching within maxDist, counts pooled over the split).
   """
-  info = tasks_lib.DATASETS[group.dataset]
-  if 'edge' not in group.tasks_used:
-    return None
-  edge_id = info.task_id('edge')
-  task_ids = jnp.asarray(group.task_ids)
 
-  def client(params, batch_stats, tids, batch):
-    outs = model_eval.apply({'params': params, 'batch_stats': batch_stats},
-                            normalize_image(batch['image'], batch.get('box')))
-    prob = jnp.zeros(outs[0].shape[:3], jnp.float32)
-    for s, out in enumerate(outs):
-      if 'edge' in group.slot_tasks[s]:
-        prob = jnp.where(tids[s] == edge_id, jax.nn.sigmoid(out[..., 0]), prob)
-    return prob
+  def __init__(self, group: GroupSpec, clients):
+    from fedjax_mtl.metrics.edge import EdgeODSAccumulator
+    self.group, self.clients = group, clients
+    self.holders = edge_holders(group)
+    info = tasks_lib.DATASETS[group.dataset]
+    self.accs = [EdgeODSAccumulator(max_dist=info.edge_max_dist) for _ in self.holders]
 
-  batched = jax.vmap(client, (0, 0, 0, None))
-  return lambda params, batch_stats, batch: batched(params, batch_stats, task_ids, batch)
+  def update(self, probs, gt) -> None:
+    probs, gt = np.asarray(probs), np.asarray(gt)
+    for i, acc in enumerate(self.accs):
+      acc.update(probs[i], gt, valid_mask=gt != tasks_lib.IGNORE)
 
-
-def edge_ods_rows(group: GroupSpec, predict: Callable, gstate, test_batches: Iterable[dict],
-                  clients) -> list[dict]:
-  """odsF rows (×100) of the group's edge clients over the whole test split.
-
-  `test_batches` yields {'image', 'edge'[, 'box']} batches (padding marked 255 in
-  'edge', cropped away before matching). Predictions are fetched batch by
-  batch and scored on the host with the SEISM-equivalent pipeline in
-  `metrics.edge` (NMS, thinning, one-to-one matching within maxDist, counts
-  pooled over the split).
-  """
-  from fedjax_mtl.metrics.edge import EdgeODSAccumulator
-  info = tasks_lib.DATASETS[group.dataset]
-  edge_id = info.task_id('edge')
-  holders = [j for j in range(group.num_real) if edge_id in group.task_ids[j]]
-  accs = {j: EdgeODSAccumulator(max_dist=info.edge_max_dist) for j in holders}
-  for batch in test_batches:
-    inputs = {k: batch[k] for k in ('image', 'box') if k in batch}
-    probs = np.asarray(jax.device_get(predict(gstate['params'], gstate['batch_stats'],
-                                              inputs)))
-    gt = np.asarray(batch['edge'])
-    for j in holders:
-      accs[j].update(probs[j], gt, valid_mask=gt != tasks_lib.IGNORE)
-  return [{'client': clients[group.client_ids[j]].name, 'dataset': group.dataset,
-           'task': 'edge', 'metric': 'odsF', 'value': 100. * accs[j].finalize()['odsF']}
-          for j in holders]
+  def rows(self) -> list[dict]:
+    g = self.group
+    return [{'client': self.clients[g.client_ids[j]].name, 'dataset': g.dataset,
+             'task': 'edge', 'metric': 'odsF', 'value': 100. * acc.finalize()['odsF']}
+            for j, acc in zip(self.holders, self.accs)]

@@ -252,6 +252,24 @@ def _with_server(exp: Experiment, groups: list[GroupState], rnd, rng) -> FedStat
   return FedState(round=rnd, rng=rng, groups=groups, server=sstate.shared)
 
 
+def init_program(exp: Experiment):
+  """The jitted round-0 state `(seed, pretrained encoder or None) -> FedState` (one
+  per experiment, so that `compile_programs` and `init_state` share its executable)."""
+  if 'init' not in exp.compiled:
+    init = _init_fn(exp)
+
+    def full(seed, enc=None):
+      pb, rnd, rng = init(seed)
+      if enc is not None:
+        pb = [({**p, 'encoder': jax.tree.map(
+            lambda x: jnp.broadcast_to(x, (g.num_total,) + x.shape), enc)}, b)
+              for (p, b), g in zip(pb, exp.fed.groups)]
+      return _with_server(exp, _client_states(exp, pb), rnd, rng)
+
+    exp.compiled['init'] = jax.jit(full)
+  return exp.compiled['init']
+
+
 def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   """Round-0 federation state, placed on the mesh (or its abstract shapes).
 
@@ -260,19 +278,10 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   client from keys folded with the client id.
   """
   key = jnp.asarray(exp.config.seed, jnp.uint32)
-  init = _init_fn(exp)
+  program = init_program(exp)
   pretrained = exp.config.model.get('pretrained_path')
-
-  def full(seed, enc=None):
-    pb, rnd, rng = init(seed)
-    if enc is not None:
-      pb = [({**p, 'encoder': jax.tree.map(
-          lambda x: jnp.broadcast_to(x, (g.num_total,) + x.shape), enc)}, b)
-            for (p, b), g in zip(pb, exp.fed.groups)]
-    return _with_server(exp, _client_states(exp, pb), rnd, rng)
-
   if abstract:
-    state = jax.eval_shape(full, key)
+    state = jax.eval_shape(program, key)
     groups = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.client_sharding),
         state.groups)
@@ -282,11 +291,29 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
                     server=rep(state.server))
   enc = None
   if pretrained:
-    like = jax.eval_shape(init, key)[0][0][0]['encoder']
+    like = jax.eval_shape(_init_fn(exp), key)[0][0][0]['encoder']
     enc = load_pretrained_encoder(pretrained, exp.encoder,
                                   jax.tree.map(lambda x: x[0], like))
-  state = jax.jit(full)(key, enc)
-  return place(exp, state)
+  return place(exp, program(key, enc))
+
+
+def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
+  """Compile `(name, jitted, example args)` jobs, one after the other; returns the
+  seconds of each (the run logs them in timing.jsonl).
+
+  The executables land in each jitted function's cache, so the engine's calls
+  do not compile again. Args may be `jax.ShapeDtypeStruct`s with the
+  shardings of the real calls. Not concurrent: XLA:CPU already spreads one
+  compilation over the cores (parallel LLVM code generation), and two at once
+  took longer than one after the other (BENCHMARKS.md).
+  """
+  import time
+  out = {}
+  for name, fn, args in jobs:
+    t0 = time.perf_counter()
+    fn.lower(*args).compile()
+    out[name] = round(time.perf_counter() - t0, 2)
+  return out
 
 
 def load_pretrained_encoder(path: str, encoder, like: PyTree) -> PyTree:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.algorithms.base import Blocks, stack, unstack
 from fedjax_mtl.algorithms.base import merge_view, role_view  # noqa: F401 (re-exported)
 from fedjax_mtl.scenarios import ClientSpec
 
@@ -140,14 +141,47 @@ def build_federation(clients: Sequence[ClientSpec], num_devices: int = 1) -> Fed
 _SLOT_AXIS = {'encoder': False, 'decoder': True}
 
 
+def block_sizes(fed: Federation, role: str) -> tuple[int, ...]:
+  """Rows of `role` each group contributes (real clients times task slots for decoders)."""
+  return tuple(g.num_real * (g.num_slots if _SLOT_AXIS[role] else 1) for g in fed.groups)
+
+
+def gather_blocks(group_trees: Sequence[PyTree], fed: Federation, role: str) -> Blocks:
+  """The real clients' rows of `role` of every group, left in the groups' arrays.
+
+  A group without padding contributes its own arrays (decoders reshaped to
+  `[n * slots, ...]`, free in XLA); nothing is concatenated across groups.
+  """
+  def rows(x, g):
+    x = x[:g.num_real] if g.num_pad else x
+    return x.reshape((-1,) + x.shape[2:]) if _SLOT_AXIS[role] else x
+  return Blocks(tuple(jax.tree.map(lambda x, g=g: rows(x, g), t)
+                      for t, g in zip(group_trees, fed.groups)))
+
+
+def scatter_blocks(blocks: Blocks, fed: Federation, role: str,
+                   group_trees: Sequence[PyTree] | None = None) -> list[PyTree]:
+  """Write `gather_blocks`' rows back into per-group trees (padding clients keep
+  their rows of `group_trees`, zeros without them)."""
+  out = []
+  for i, (g, part) in enumerate(zip(fed.groups, blocks.parts)):
+    def put(x, old=None, g=g):
+      new = x.reshape((g.num_real, g.num_slots) + x.shape[1:]) if _SLOT_AXIS[role] else x
+      if not g.num_pad:
+        return new if old is None else new.astype(old.dtype)
+      pad = old[g.num_real:] if old is not None else jnp.zeros((g.num_pad,) + new.shape[1:],
+                                                               new.dtype)
+      return jnp.concatenate([new.astype(pad.dtype), pad], 0)
+    if group_trees is None:
+      out.append(jax.tree.map(put, part))
+    else:
+      out.append(jax.tree.map(lambda old, x: put(x, old), group_trees[i], part))
+  return out
+
+
 def gather_rows(group_trees: Sequence[PyTree], fed: Federation, role: str) -> PyTree:
   """Stack the real clients' rows of `role` of all groups: `[N, ...]` encoders, `[K, ...]` decoders."""
-  def rows(x, n):
-    x = x[:n]
-    return x.reshape((-1,) + x.shape[2:]) if _SLOT_AXIS[role] else x
-  parts = [jax.tree.map(lambda x, n=g.num_real: rows(x, n), t)
-           for t, g in zip(group_trees, fed.groups)]
-  return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *parts)
+  return stack(gather_blocks(group_trees, fed, role))
 
 
 def scatter_rows(stacked: PyTree, fed: Federation, role: str,
@@ -156,23 +190,4 @@ def scatter_rows(stacked: PyTree, fed: Federation, role: str,
 
   Padding clients keep their rows of `group_trees` (zeros without them).
   """
-  out = []
-  lo = 0
-  for i, g in enumerate(fed.groups):
-    n, slots = g.num_real, g.num_slots
-    per = slots if _SLOT_AXIS[role] else 1
-
-    def put(x, old=None):
-      new = x[lo:lo + n * per]
-      new = new.reshape((n, slots) + x.shape[1:]) if _SLOT_AXIS[role] else new
-      if not g.num_pad:
-        return new if old is None else new.astype(old.dtype)
-      pad = old[n:] if old is not None else jnp.zeros((g.num_pad,) + new.shape[1:], new.dtype)
-      return jnp.concatenate([new.astype(pad.dtype), pad], 0)
-
-    if group_trees is None:
-      out.append(jax.tree.map(put, stacked))
-    else:
-      out.append(jax.tree.map(lambda old, x: put(x, old), group_trees[i], stacked))
-    lo += n * per
-  return out
+  return scatter_blocks(unstack(stacked, block_sizes(fed, role)), fed, role, group_trees)

@@ -5,7 +5,8 @@ pooled test statistics of every group; the round loop (`train.py`) does not
 know which feed it drives:
 
 - `InMemoryFeed` (synthetic data): train and test arrays live on device; one
-  jitted function runs a whole round; evaluation is one jitted call.
+  jitted call per client group trains it for the round, one jitted call
+  aggregates (`rounds.run_round`); evaluation is one jitted call.
 - `StreamedFeed` (real data): augmented batches stream from a grain pipeline
   as chunks of local steps of a client group (one jitted, vmapped, scanned call
   per chunk, dispatched asynchronously), then one jitted call aggregates; the
@@ -14,14 +15,15 @@ know which feed it drives:
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_mtl import evaluate, rounds
 from fedjax_mtl import tasks as tasks_lib
-from fedjax_mtl.data import real
+from fedjax_mtl.data import device_augment, real
+from fedjax_mtl.errors import check_choice
 from fedjax_mtl.experiment import Experiment
 from fedjax_mtl.state import FedState
 
@@ -34,20 +36,35 @@ class Feed(Protocol):
   def run_round(self, state: FedState, rnd: int) -> tuple[FedState, dict]:
     """Round `rnd` (1-based): local training and aggregation; (new state, device outputs)."""
 
-  def eval_stats(self, state: FedState) -> list:
-    """Pooled test statistics of every group (host arrays)."""
+  def eval_outputs(self, state: FedState) -> tuple[list, list]:
+    """One pass over every test split: per group, the pooled test statistics (host
+    arrays) and the edge clients' odsF rows (None without edge clients or with
+    `eval_edge_ods` off), both from the same forward passes."""
 
-  def test_batches(self, dataset: str) -> Iterator[dict]:
-    """Test batches of `dataset` (for host-side metrics such as odsF)."""
+  def programs(self, state: FedState) -> list[tuple[str, Any, tuple]]:
+    """(name, jitted, example args) of the programs to compile before the first
+    round (`experiment.compile_programs`); `state` may be abstract."""
 
   def close(self) -> None:
     """Release workers and threads."""
 
 
+def _edge_ods(exp: Experiment) -> bool:
+  return bool(exp.config.get('eval_edge_ods', True))
+
+
 def _group_evaluators(exp: Experiment) -> list:
-  """Per group: `evaluate(gstate, batches) -> stats` on the variables the algorithm evaluates."""
-  evs = [evaluate.make_group_evaluator(g, m) for g, m in zip(exp.fed.groups, exp.models_eval)]
+  """Per group: `evaluate(gstate, batches) -> (stats, edge probs)` on the variables the
+  algorithm evaluates."""
+  evs = [evaluate.make_group_evaluator(g, m, edge_probs=_edge_ods(exp))
+         for g, m in zip(exp.fed.groups, exp.models_eval)]
   return [lambda gs, b, ev=ev: ev(*rounds.eval_variables(exp, gs), b) for ev in evs]
+
+
+def _edge_scores(exp: Experiment) -> list:
+  """Per group: a fresh `evaluate.EdgeScores`, or None (no edge client, or odsF off)."""
+  return [evaluate.EdgeScores(g, exp.fed.clients)
+          if _edge_ods(exp) and evaluate.edge_holders(g) else None for g in exp.fed.groups]
 
 
 class InMemoryFeed:
@@ -56,22 +73,45 @@ class InMemoryFeed:
   def __init__(self, exp: Experiment):
     self.exp = exp
     self.train_data, self.test_data = device_data(exp)
-    self.round_fn = _compiled(exp, 'round_fn', lambda: rounds.make_round_fn(exp))
+    self.train_fns = _compiled(exp, 'train_fns', lambda: rounds.make_train_fns(exp))
+    self.agg_fn = _compiled(exp, 'agg_fn', lambda: rounds.make_agg_fn(exp))
     self.eval_fn = _compiled(exp, 'eval_fn', lambda: _make_eval_fn(exp))
 
   def run_round(self, state, rnd):
-    return self.round_fn(state, self.train_data)
+    return rounds.run_round(self.exp, self.train_fns, self.agg_fn, state, self.train_data)
 
-  def eval_stats(self, state):
-    return jax.device_get(self.eval_fn(state.groups, self.test_data))
+  def programs(self, state: FedState) -> list[tuple[str, Any, tuple]]:
+    """(name, jitted, args) of every program a round and an evaluation call, for
+    `experiment.compile_programs`; `state` may be abstract (`init_state(abstract=True)`)."""
+    exp, jobs, metrics = self.exp, [], []
+    for g, (spec, fn) in enumerate(zip(exp.fed.groups, self.train_fns)):
+      args = (state.groups[g], self.train_data[spec.dataset]['train'], state.round, state.rng)
+      jobs.append((f'train {spec.dataset} x{spec.num_real}', fn, args))
+      metrics.append(_with_sharding(jax.eval_shape(fn, *args)[1], exp.client_sharding))
+    start = [gs.params for gs in state.groups]
+    jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), start, start, metrics)))
+    jobs.append(('evaluate', self.eval_fn, (state.groups, self.test_data)))
+    return jobs
 
-  def test_batches(self, dataset):
-    split, b = self.exp.data[dataset]['test'], self.exp.config.eval_batch_size
-    for lo in range(0, len(split['image']), b):
-      yield {k: split[k][lo:lo + b] for k in ('image', 'edge')}
+  def eval_outputs(self, state):
+    out = jax.device_get(self.eval_fn(state.groups, self.test_data))
+    stats, edges = [o[0] for o in out], []
+    b = self.exp.config.eval_batch_size
+    for (_, probs), spec, scores in zip(out, self.exp.fed.groups, _edge_scores(self.exp)):
+      if scores is not None:
+        gt = self.exp.data[spec.dataset]['test']['edge']
+        for i, lo in enumerate(range(0, len(gt), b)):
+          scores.update(probs[i][:, :len(gt[lo:lo + b])], gt[lo:lo + b])
+        scores = scores.rows()
+      edges.append(scores)
+    return stats, edges
 
   def close(self):
     pass
+
+
+def _with_sharding(tree: PyTree, sharding) -> PyTree:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
 def _compiled(exp: Experiment, name: str, make):
@@ -111,11 +151,26 @@ class StreamedFeed:
     cfg = exp.config
     self.threads = int(cfg.data.get('threads', 2))
     self.train_chunks, self.eval_batches = _streamed_sources(exp)
+    # data.augment='device': raw chunks, augmented on device before each chunk step.
+    self.train_chunks, self.augment_fns = _device_augmentation(exp, self.train_chunks)
     self.chunk_fns = _compiled(exp, 'chunk_fns', lambda: rounds.make_chunk_fns(exp))
-    self.agg_fn = _compiled(exp, 'agg_fn', lambda: rounds.make_agg_fn(exp))
+    self.agg_fn = _compiled(exp, 'agg_fn_streamed',
+                            lambda: rounds.make_agg_fn(exp, streamed=True))
     self.eval_batch_fns = _compiled(exp, 'eval_batch_fns', lambda: _make_eval_batch_fns(exp))
     self._feed = None
     self._start = start_round
+
+  def programs(self, state):
+    """The evaluation programs (`experiment.compile_programs`); the chunk trainers and
+    the aggregation compile on their first call, while the host prepares chunks."""
+    exp = self.exp
+    jobs = []
+    for d, source in self.eval_batches.items():
+      batch = _with_sharding(jax.eval_shape(lambda: source[0]), exp.replicated)
+      accs = jax.eval_shape(self.eval_batch_fns[d], state.groups, batch, None)[0]
+      jobs.append((f'evaluate {d}', self.eval_batch_fns[d],
+                   (state.groups, batch, _with_sharding(accs, exp.replicated))))
+    return jobs
 
   def _iter(self):
     if self._feed is None:
@@ -147,29 +202,38 @@ class StreamedFeed:
         raise RuntimeError(f'data feed out of step: chunk of round {int(el["round"]) + 1} '
                            f'in round {rnd}')
       g = int(el['group'])
+      chunk = self._chunk_arrays(el)
+      if self.augment_fns is not None:
+        chunk['x'] = self.augment_fns[g](chunk['x'])
       groups[g], accs[g] = self.chunk_fns[g](groups[g], start[g], accs[g],
-                                             self._chunk_arrays(el), state.rng, state.round)
-    return self.agg_fn(state.replace(groups=groups), start, accs)
+                                             chunk, state.rng, state.round)
+    return rounds.aggregate(self.agg_fn, state.replace(groups=groups), start, accs)
 
-  def eval_stats(self, state):
-    """Pooled test statistics of every group, streaming each test split once."""
+  def eval_outputs(self, state):
+    """Streams each test split once: the device accumulates the statistics and
+    returns the edge probabilities of each batch, which the host scores (odsF)
+    while the device runs the next batch."""
     exp = self.exp
     stats = [None] * len(exp.fed.groups)
+    scores = _edge_scores(exp)
     for d, source in self.eval_batches.items():
       members = [i for i, g in enumerate(exp.fed.groups) if g.dataset == d]
-      accs = None
+      accs, pending = None, None
       for batch in real.iterate(source, threads=self.threads):
+        gt = batch.get('edge')
         batch = jax.device_put(batch, exp.replicated)
         if accs is None:  # zeros of the statistics' shapes: one compiled function
-          shapes = jax.eval_shape(self.eval_batch_fns[d], state.groups, batch, None)
+          shapes = jax.eval_shape(self.eval_batch_fns[d], state.groups, batch, None)[0]
           accs = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-        accs = self.eval_batch_fns[d](state.groups, batch, accs)
+        accs, probs = self.eval_batch_fns[d](state.groups, batch, accs)
+        if pending is not None:
+          _score(members, scores, *pending)
+        pending = (probs, gt)
+      if pending is not None:
+        _score(members, scores, *pending)
       for i, st in zip(members, jax.device_get(accs)):
         stats[i] = st
-    return stats
-
-  def test_batches(self, dataset):
-    yield from real.iterate(self.eval_batches[dataset], threads=self.threads)
+    return stats, [None if s is None else s.rows() for s in scores]
 
   def close(self):
     if self._feed is not None:
@@ -207,17 +271,49 @@ def _streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
   return chunks, eval_batches
 
 
+def _score(members: list, scores: list, probs: list, gt) -> None:
+  """Host-side odsF of one test batch for the groups `members` (`probs` per member)."""
+  for i, p in zip(members, probs):
+    if scores[i] is not None:
+      scores[i].update(jax.device_get(p)[0], gt)
+
+
+def _device_augmentation(exp: Experiment, chunks: real.TrainChunks) -> tuple:
+  """(chunk source, per-group augmenters or None) for `data.augment` ('host' | 'device').
+
+  'device': the same chunks with raw samples in canvases of the datasets'
+  largest images, and per group the jitted `device_augment.augment_chunk`
+  keyed by (data.seed, client, epoch, position) like the host path.
+  """
+  mode = exp.config.data.get('augment', 'host')
+  check_choice('data.augment', mode, real.AUGMENT_MODES)
+  if mode == 'host':
+    return chunks, None
+
+  def make():
+    raw = real.TrainChunks(chunks.specs, chunks.sources, chunks.num_rounds, chunks.size_of,
+                           chunks.seed, chunks.transforms_of, augment='device')
+    by_dataset = {d: device_augment.make_chunk_augmenter(
+        device_augment.config_from_transforms(ts), chunks.seed, exp.client_sharding)
+        for d, ts in chunks.transforms_of.items()}
+    return raw, [by_dataset[spec.dataset] for spec in raw.specs]
+
+  return _compiled(exp, 'device_augment', make)
+
+
 def _make_eval_batch_fns(exp: Experiment) -> dict:
-  """Per dataset: jitted `(groups, batch, accs) -> accs` over the groups on that dataset."""
+  """Per dataset: jitted `(groups, batch, accs) -> (accs, edge probs)` over the groups
+  on that dataset."""
   evaluators = _group_evaluators(exp)
   fns = {}
   for d in sorted({g.dataset for g in exp.fed.groups}):
     members = [i for i, g in enumerate(exp.fed.groups) if g.dataset == d]
 
     def eval_batch(groups, batch, accs, members=members):
-      stats = [evaluators[i](groups[i], jax.tree.map(lambda x: x[None], batch))
-               for i in members]
-      return stats if accs is None else jax.tree.map(jnp.add, accs, stats)
+      outs = [evaluators[i](groups[i], jax.tree.map(lambda x: x[None], batch))
+              for i in members]
+      stats, probs = [o[0] for o in outs], [o[1] for o in outs]
+      return (stats if accs is None else jax.tree.map(jnp.add, accs, stats)), probs
 
     fns[d] = jax.jit(eval_batch)
   return fns

@@ -8,8 +8,9 @@ faults its whole scratch buffer in again, 4 KiB at a time. A Swin-T training ste
 2.5 s in the kernel that way (BENCHMARKS.md).
 
 `reuse_freed_memory()` makes that memory stay mapped:
-- glibc never uses `mmap` for large blocks of the main heap and never trims it, so a freed
-  scratch buffer stays in the heap for the next call;
+- glibc never uses `mmap` for large blocks of the main heap and never trims it (whatever
+  the block size: the threshold is set to SIZE_MAX), so a freed scratch buffer stays in
+  the heap for the next call;
 - JAX's CPU client runs programs on the calling thread (`jax_cpu_enable_async_dispatch`
   off), so the scratch buffer is allocated by the main thread, from the main heap. (Other
   threads' arenas map any block larger than their 64 MiB heaps with `mmap` whatever
@@ -37,6 +38,7 @@ import warnings
 # mallopt parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+_NEVER_TRIM = -1  # becomes SIZE_MAX in glibc (see reuse_freed_memory)
 
 _applied = False
 
@@ -102,7 +104,12 @@ def reuse_freed_memory() -> bool:
     warnings.warn('fedjax_mtl.hostmem.reuse_freed_memory() called after JAX created its '
                   'backends; call it before the first JAX computation', stacklevel=2)
     return False
-  if not (mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1):
+  # The trim threshold is a size_t inside glibc; mallopt takes an int, and -1
+  # converts to SIZE_MAX ("never trim"). The largest positive int, 2^31 - 1,
+  # is not enough: a program whose scratch buffer exceeds 2 GiB (FedHCA2's
+  # aggregation at Swin-T scale needs 2.65 GB) had its heap trimmed after
+  # every call and faulted back in on the next (~500,000 faults per round).
+  if not (mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM) == 1):
     return False
   import jax
   jax.config.update('jax_cpu_enable_async_dispatch', False)

@@ -60,7 +60,8 @@ def seconds_per_round(path: str) -> float:
   """Median wall seconds of a run's rounds after the first (which compiles) and without
   evaluation, from its timing.jsonl (NaN if there are none)."""
   rows = read_jsonl(path) if os.path.exists(path) else []
-  steady = [r['seconds'] for r in rows if r['round'] > 1 and not r.get('eval')]
+  steady = [r['seconds'] for r in rows
+            if 'seconds' in r and r['round'] > 1 and not r.get('eval')]
   return float(np.median(steady)) if steady else float('nan')
 
 

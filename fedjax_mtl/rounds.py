@@ -11,8 +11,9 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_mtl import federation, local
-from fedjax_mtl.algorithms.base import ServerInputs, ServerState
-from fedjax_mtl.experiment import Experiment, train_compiler_options, views
+from fedjax_mtl.algorithms.base import (ServerInputs, ServerState, merge_view, role_view, stack,
+                                        unstack)
+from fedjax_mtl.experiment import Experiment, train_compiler_options
 from fedjax_mtl.state import FedState, GroupState
 
 PyTree = Any
@@ -45,25 +46,39 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
   `start` = each group's params at the round start; `trained` = the group
   states after local training; `metrics[g]['steps']` = local steps per client.
   Returns the next state (round + 1) and the server's logs.
+
+  A `blocks` server reads the rows where they are (the groups' arrays) and its
+  new rows are written straight back into them; other servers get the rows
+  concatenated across groups (`stack`) and their output is split back.
   """
   alg, fed = exp.algorithm, exp.fed
   roles = alg.shared_roles
+  to_server = (lambda v: v) if alg.server.blocks else stack
+  from_server = ((lambda v, r: v) if alg.server.blocks
+                 else (lambda v, r: unstack(v, federation.block_sizes(fed, r))))
+
+  def gather(trees, role):
+    return to_server(federation.gather_blocks(trees, fed, role))
+
   steps = jnp.concatenate([m['steps'][:g.num_real] for m, g in zip(metrics, fed.groups)])
   inputs = ServerInputs(
-      prev={r: views(exp, start, r) for r in roles},
-      local={r: views(exp, uploads, r) for r in roles},
+      prev={r: gather([role_view(p, lab, r) for p, lab in zip(start, exp.labels)], r)
+            for r in roles},
+      local={r: gather([role_view(p, lab, r) for p, lab in zip(uploads, exp.labels)], r)
+             for r in roles},
       num_examples=jnp.asarray(fed.num_examples), num_steps=steps.astype(jnp.int32),
       client_ids=jnp.arange(fed.num_clients, dtype=jnp.int32), round=state.round)
   row_roles = trained[0].server_rows.keys() if trained[0].server_rows else ()
-  rows = {r: federation.gather_rows([gs.server_rows[r] for gs in trained], fed, r)
-          for r in row_roles}
+  rows = {r: gather([gs.server_rows[r] for gs in trained], r) for r in row_roles}
   new, sstate, logs = alg.server.apply(ServerState(state.server, rows), inputs)
   params = [gs.params for gs in trained]
   for r in roles:
-    old = [federation.role_view(p, lab, r) for p, lab in zip(params, exp.labels)]
-    params = [federation.merge_view(p, v)
-              for p, v in zip(params, federation.scatter_rows(new[r], fed, r, old))]
-  new_rows = {r: federation.scatter_rows(v, fed, r, [gs.server_rows[r] for gs in trained])
+    old = [role_view(p, lab, r) for p, lab in zip(params, exp.labels)]
+    params = [merge_view(p, v) for p, v in
+              zip(params, federation.scatter_blocks(from_server(new[r], r), fed, r, old))]
+  new_rows = {r: (federation.scatter_blocks(from_server(v, r), fed, r,
+                                            [gs.server_rows[r] for gs in trained])
+                  if jax.tree.leaves(v) else [gs.server_rows[r] for gs in trained])
               for r, v in sstate.rows.items()}
   groups = [jax.lax.with_sharding_constraint(
       gs.replace(params=p, server_rows={r: new_rows[r][i] for r in new_rows}),
@@ -72,28 +87,28 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
                   server=sstate.shared), logs
 
 
-def make_round_fn(exp: Experiment):
-  """One jitted communication round on device-resident data: train all groups,
-  finalize, aggregate, scatter back."""
+def make_train_fns(exp: Experiment) -> list:
+  """Per group: jitted `(gstate, data, round, rng) -> (gstate, metrics)`, one round of
+  local training on device-resident data (in-memory feed).
+
+  Each group's trainer is its own program, and so is the aggregation
+  (`make_agg_fn`): a group's program is compiled once whatever the federation
+  around it, and the aggregation the engine runs is exactly the one
+  `scripts/bench.py --only=engine_agg` times. The group state is not donated:
+  its params are the round's start point the aggregation reads.
+  """
   cfg = exp.config
-  trainers = [local.make_group_trainer(g, m, exp.tx, cfg.optim, cfg.batch_size,
-                                       cfg.num_rounds, exp.algorithm, lab)
-              for g, m, lab in zip(exp.fed.groups, exp.models_train, exp.labels)]
 
-  def round_fn(state: FedState, data):
-    trained, metrics = [], []
-    for g, (spec, train) in enumerate(zip(exp.fed.groups, trainers)):
-      gs, m = train(state.groups[g], data[spec.dataset]['train'], state.round,
-                    group_key(state, g))
-      trained.append(gs)
-      metrics.append(m)
-    start = [gs.params for gs in state.groups]
-    trained, uploads = finalize(exp, trained, start)
-    new_state, logs = server_step(exp, state, start, trained, uploads, metrics)
-    return new_state, {'train': metrics, 'agg': logs}
+  def train_fn(g, trainer):
+    def run(gs, data, rnd, state_rng):
+      key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
+      return trainer(gs, data, rnd, key)
+    return jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
+                   compiler_options=train_compiler_options(cfg))
 
-  return jax.jit(round_fn, donate_argnums=0, out_shardings=(state_shardings(exp), exp.replicated),
-                 compiler_options=train_compiler_options(cfg))
+  return [train_fn(g, local.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
+                                               cfg.num_rounds, exp.algorithm, lab))
+          for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
 def make_chunk_fns(exp: Experiment) -> list:
@@ -112,17 +127,64 @@ def make_chunk_fns(exp: Experiment) -> list:
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
-def make_agg_fn(exp: Experiment):
-  """Jitted end of a streamed round: finalize, aggregate, per-client mean losses."""
-  def agg_fn(state: FedState, start, accs):
-    metrics = [{'loss': a['loss_sum'] / jnp.maximum(a['steps'], 1)[:, None],
-                'steps': a['steps']} for a in accs]
-    trained, uploads = finalize(exp, list(state.groups), start)
-    new_state, logs = server_step(exp, state, start, trained, uploads, metrics)
-    return new_state, {'train': metrics, 'agg': logs}
+def make_agg_fn(exp: Experiment, streamed: bool = False):
+  """Jitted end of a round, `(core, params, start, metrics) -> (core, outputs)`: the
+  client part's finalize, the server part over the shared roles, the new rows
+  written back into the groups. Call it through `aggregate`.
+
+  The program sees only what aggregation reads or writes: `core` is the state
+  with each group reduced to its client-part state and per-row server state
+  (donated, with the round, RNG and server state); `params` are the trained
+  params and `start` each group's params at the round start (read, not
+  donated); optimizer states, batch-norm statistics and personal models stay
+  outside (no pass-through copies). The new params get fresh buffers: XLA:CPU
+  copies a donated input that a loop reads before an output overwrites it (the
+  Gram pass does), and JAX pairs donated inputs with outputs by shape, so a
+  donated params tree would cost a full copy of every encoder.
+  `metrics` per group: {'loss' [n, slots], 'steps' [n]}, or with `streamed`
+  the chunk accumulators {'loss_sum', 'steps'}.
+  """
+  def agg_fn(core: FedState, params, start, metrics):
+    if streamed:
+      metrics = [{'loss': a['loss_sum'] / jnp.maximum(a['steps'], 1)[:, None],
+                  'steps': a['steps']} for a in metrics]
+    groups = [GroupState(params=p, batch_stats=None, opt_state=None, client=c['client'],
+                         server_rows=c['server_rows'], personal=None)
+              for p, c in zip(params, core.groups)]
+    trained, uploads = finalize(exp, groups, start)
+    new_state, logs = server_step(exp, core.replace(groups=groups), start, trained, uploads,
+                                  metrics)
+    new_core = new_state.replace(groups=[
+        {'params': gs.params, 'client': gs.client, 'server_rows': gs.server_rows}
+        for gs in new_state.groups])
+    return new_core, {'train': metrics, 'agg': logs}
 
   return jax.jit(agg_fn, donate_argnums=0,
                  out_shardings=(state_shardings(exp), exp.replicated))
+
+
+def agg_core(state: FedState) -> FedState:
+  """The part of the state the aggregation program takes (see `make_agg_fn`)."""
+  return state.replace(groups=[{'client': gs.client, 'server_rows': gs.server_rows}
+                               for gs in state.groups])
+
+
+def aggregate(agg_fn, state: FedState, start: list, metrics: list) -> tuple:
+  """Run `make_agg_fn`'s program on the trained `state`: (next state, outputs)."""
+  core, out = agg_fn(agg_core(state), [gs.params for gs in state.groups], start, metrics)
+  groups = [gs.replace(**g) for gs, g in zip(state.groups, core.groups)]
+  return core.replace(groups=groups), out
+
+
+def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data) -> tuple:
+  """One in-memory round: every group's local training, then the aggregation."""
+  groups, metrics = [], []
+  for g, (spec, fn) in enumerate(zip(exp.fed.groups, train_fns)):
+    gs, m = fn(state.groups[g], data[spec.dataset]['train'], state.round, state.rng)
+    groups.append(gs)
+    metrics.append(m)
+  start = [gs.params for gs in state.groups]
+  return aggregate(agg_fn, state.replace(groups=groups), start, metrics)
 
 
 def eval_variables(exp: Experiment, gs: GroupState) -> tuple[PyTree, PyTree]:

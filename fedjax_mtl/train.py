@@ -17,42 +17,29 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from fedjax_mtl import evaluate, feeds, report
+from fedjax_mtl import evaluate, experiment, feeds, report
 from fedjax_mtl.checkpoint import Checkpointer
+from fedjax_mtl.defaults import base_config
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.experiment import (Experiment, build, init_state, run_fields,  # noqa: F401
                                    train_compiler_options)
 from fedjax_mtl.feeds import Feed
-from fedjax_mtl.rounds import eval_variables
 from fedjax_mtl.state import FedState
 
 
-def _edge_predictors(exp: Experiment) -> list:
-  """Per group: jitted edge-probability predictor (None without edge clients)."""
-  if 'edge_predictors' not in exp.compiled:
-    exp.compiled['edge_predictors'] = [
-        None if p is None else jax.jit(p)
-        for p in (evaluate.make_edge_predictor(g, m)
-                  for g, m in zip(exp.fed.groups, exp.models_eval))]
-  return exp.compiled['edge_predictors']
-
-
 def run_eval(exp: Experiment, state: FedState, feed: Feed) -> list[dict]:
-  """Metrics rows (client, task, metric, value) of the models the clients evaluate."""
-  stats = feed.eval_stats(state)
-  predictors = _edge_predictors(exp)
+  """Metrics rows (client, task, metric, value) of the models the clients evaluate:
+  one pass over each test split; an edge client's test loss is replaced by its
+  odsF (host-side matching of the same pass's edge maps)."""
+  stats, edges = feed.eval_outputs(state)
   rows = []
-  for g, (spec, st) in enumerate(zip(exp.fed.groups, stats)):
+  for spec, st, ods in zip(exp.fed.groups, stats, edges):
     group_rows = evaluate.finalize_group(spec, st, exp.fed.clients)
-    if exp.config.get('eval_edge_ods', True) and predictors[g] is not None:
-      # Edge: the test loss is replaced by odsF (host-side matching, per batch).
-      params, bstats = eval_variables(exp, state.groups[g])
-      ods = evaluate.edge_ods_rows(spec, predictors[g],
-                                   {'params': params, 'batch_stats': bstats},
-                                   feed.test_batches(spec.dataset), exp.fed.clients)
+    if ods is not None:
       by_client = {r['client']: r for r in ods}
       group_rows = [by_client.get(r['client'], r) if r['task'] == 'edge' else r
                     for r in group_rows]
@@ -96,15 +83,32 @@ def _summary(rnd: int, total: int, dt: float, train_rows, eval_rows) -> str:
   return line
 
 
+def _flat(d: dict, prefix: str = '') -> dict:
+  """Nested dicts as {'a.b': leaf}."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
 def _check_workdir(config, workdir: str) -> None:
   """Refuse a workdir holding a run with another config (before writing anything)."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = run_fields(f.read())
-  new = run_fields(config)
-  diffs = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    old = _flat(run_fields(f.read()))
+  new = _flat(run_fields(config))
+  # A field this version added (absent from the old run's config) matches when the
+  # run uses its default: the old run behaved as the default does.
+  default = _flat(run_fields(base_config()))
+  for k in set(new) - set(old):
+    if k in default and new[k] == default[k]:
+      old[k] = new[k]
+  diffs = sorted({k.split('.')[0] for k in set(old) | set(new) if old.get(k) != new.get(k)})
   if diffs:
     raise ConfigError(
         f'workdir {workdir!r} holds a run with a different config (fields: '
@@ -126,8 +130,14 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   ckpt = Checkpointer(ckpt_dir)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   timing_path = os.path.join(workdir, 'timing.jsonl')
+  abstract = init_state(exp, abstract=True)
+  jobs = feed.programs(abstract)
+  if not start and not config.model.get('pretrained_path'):
+    jobs.append(('init', experiment.init_program(exp),
+                 (jnp.asarray(config.seed, jnp.uint32), None)))
+  compile_s = experiment.compile_programs(jobs)
   if start:
-    state = ckpt.restore(init_state(exp, abstract=True))
+    state = ckpt.restore(abstract)
     report.truncate_jsonl(metrics_path, start)
     if os.path.exists(timing_path):
       report.truncate_jsonl(timing_path, start)
@@ -137,6 +147,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     report.atomic_write(metrics_path, '')
     report.atomic_write(timing_path, '')
     report.append_jsonl(metrics_path, [_meta_row(exp)])
+  report.append_jsonl(timing_path, [{'round': start, 'compile_s': compile_s}])
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   total = config.num_rounds
   steps = sum(int(g.local_epochs * (g.counts // config.batch_size).sum()) for g in exp.fed.groups)

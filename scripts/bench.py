@@ -9,6 +9,8 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=mfu            # Swin-T step at 512, batch 8, bf16: MFU (GPU)
     python scripts/bench.py --only=algorithms     # round and local step of every algorithm
     python scripts/bench.py --only=rules          # every server rule at paper scale vs a read
+    python scripts/bench.py --only=engine_agg     # the round's aggregation as the engine calls it
+    python scripts/bench.py --only=augment        # host augmentation vs raw feed + device augment
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import feeds, hostmem, local, train
+from fedjax_mtl.experiment import compile_programs
 from fedjax_mtl.defaults import base_config
 from compare_torch import serve
 
@@ -68,15 +71,13 @@ def bench_engine(variant: str, repeats: int, algorithm: str = 'fedavg') -> dict:
   out = {'config': f'configs/{algorithm}.py:{variant}' if variant != 'default' else
          f'configs/{algorithm}.py', 'clients': exp.fed.num_clients}
 
-  # Whole round: compile, then wall time per round (the engine's jitted round).
-  t0 = time.perf_counter()
-  compiled = feed.round_fn.lower(state, train_data).compile()
-  out['round_compile_s'] = time.perf_counter() - t0
+  # Whole round: compile, then wall time per round (the feed's jitted programs).
+  out['round_compile_s'] = _round_compile_s(feed, state)
   holder = {'s': state}
 
   def one_round():
-    holder['s'], m = compiled(holder['s'], train_data)
-    jax.block_until_ready(m)
+    holder['s'], m = feed.run_round(holder['s'], 0)
+    jax.block_until_ready((holder['s'], m))
 
   one_round()
   out['round_s'] = _timeit(one_round, repeats)
@@ -247,19 +248,24 @@ def algorithm_config(algorithm: str, variant: str = 'default'):
   return cfg
 
 
+def _round_compile_s(feed, state) -> float:
+  """Seconds to compile a round's programs (group trainers and aggregation)."""
+  jobs = [j for j in feed.programs(state) if not j[0].startswith('evaluate')]
+  return sum(compile_programs(jobs).values())
+
+
 def round_runner(algorithm: str = 'fedavg', variant: str = 'default'):
-  """(one engine round of `configs/<algorithm>.py`, compile seconds): the feed's jitted
-  round with its donation, state fed back from call to call."""
+  """(one engine round of `configs/<algorithm>.py`, compile seconds): the in-memory
+  feed's round (every group's jitted trainer, then the jitted aggregation, with their
+  donation), state fed back from call to call."""
   exp = train.build(algorithm_config(algorithm, variant))
   feed = feeds.InMemoryFeed(exp)
   holder = {'s': train.init_state(exp)}
-  t0 = time.perf_counter()
-  compiled = feed.round_fn.lower(holder['s'], feed.train_data).compile()
-  compile_s = time.perf_counter() - t0
+  compile_s = _round_compile_s(feed, holder['s'])
 
   def run():
-    holder['s'], m = compiled(holder['s'], feed.train_data)
-    jax.block_until_ready(m)
+    holder['s'], m = feed.run_round(holder['s'], 0)
+    jax.block_until_ready((holder['s'], m))
 
   run()
   return run, compile_s
@@ -346,6 +352,111 @@ def bench_rules(repeats: int = 3, names=None) -> dict:
     out[f'{name}: read_GB'] = r['read_bytes'] / 1e9
     print(f'{name:24s} {t:.3f} s donated, read floor {floor:.3f} s ({t / floor:.1f}x), '
           f"compile {r['compile_s']:.1f} s", flush=True)
+    del r
+  return out
+
+
+SCENARIOS = {'1c': 'pascal_st_nyud_mt_1c', '2c': 'pascal_st_nyud_mt_2c',
+             '4c': 'pascal_st_nyud_mt_4c'}
+
+
+def engine_agg_runners(scenario: str = '1c', algorithm: str = 'hca2',
+                       encoder: str = 'swin_t') -> dict:
+  """The engine's per-round aggregation at the paper's model scale, as the engine calls it.
+
+  Builds `configs/<algorithm>.py` on scenario `scenario` with the Swin-T encoder
+  (tiny synthetic data: the aggregation does not depend on it), makes the
+  round-0 state and a trained state (every client's params moved by 1e-3
+  noise), then returns:
+  - `in_memory` / `streamed`: one call of the feed's jitted aggregation
+    (`rounds.make_agg_fn`: finalize, gather from the client groups, the rule,
+    scatter back, donation of the trained state), output fed back as the next
+    trained state, round-start params fixed;
+  - `rule`: the rule alone on the same rows pre-stacked (`rule_runners`,
+    donated);
+  - `floor`: one XLA read of the rows (`read_floor_s`).
+  """
+  from fedjax_mtl import experiment, rounds
+  cfg = algorithm_config(algorithm)
+  cfg.scenario = SCENARIOS[scenario]
+  cfg.model.encoder = encoder
+  cfg.model.remat = False
+  cfg.data.num_train = {'pascal': 16 * 4, 'nyud': 8 * 4}
+  cfg.data.num_test = {'pascal': 2, 'nyud': 2}
+  exp = train.build(cfg)
+  state = train.init_state(exp)
+  start = [gs.params for gs in state.groups]
+  move = jax.jit(lambda p, k: jax.tree.map(
+      lambda x: x + 1e-3 * jax.random.normal(k, x.shape, x.dtype), p))
+  trained_params = [move(p, jax.random.PRNGKey(g)) for g, p in enumerate(start)]
+  copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
+  metrics = [{'loss': jnp.ones((g.num_total, g.num_slots), jnp.float32),
+              'steps': jnp.full((g.num_total,), 10, jnp.int32)} for g in exp.fed.groups]
+  accs = [{'loss_sum': m['loss'] * 10., 'steps': m['steps']} for m in metrics]
+  metrics, accs = jax.device_put((metrics, accs), exp.client_sharding)
+
+  def runner(fn, extra):
+    holder = {'s': state.replace(groups=[gs.replace(params=copy(p)) for gs, p in
+                                         zip(state.groups, trained_params)])}
+    t0 = time.perf_counter()
+    compiled = fn.lower(holder['s'], start, extra).compile()
+    compile_s = time.perf_counter() - t0
+
+    def run():
+      holder['s'], out = compiled(holder['s'], start, extra)
+      jax.block_until_ready((holder['s'], out))
+
+    run()
+    return run, compile_s, compiled
+
+  in_memory, mem_compile, compiled = runner(rounds.make_agg_fn(exp), metrics)
+  streamed, str_compile, _ = runner(rounds.make_agg_fn(exp, streamed=True), accs)
+  mem = compiled.memory_analysis()
+  roles = exp.algorithm.shared_roles
+  views = {'prev': {r: experiment.views(exp, start, r) for r in roles},
+           'local': {r: experiment.views(exp, trained_params, r) for r in roles},
+           'info': experiment.fed_info(exp.fed, cfg.num_rounds), 'encoder_params': 0, 'decoder_params': 0}
+  rule = rule_runners(algorithm, views, **({algorithm: cfg[algorithm].to_dict()}
+                                           if algorithm in cfg else {}))
+  return {'in_memory': in_memory, 'streamed': streamed, 'rule': rule['run_donated'],
+          'floor': lambda: read_floor_s(views, roles, 1), 'views': views, 'roles': roles,
+          'num_clients': exp.fed.num_clients, 'num_decoders': exp.fed.num_decoders,
+          'compile_s': mem_compile, 'streamed_compile_s': str_compile,
+          'rule_compile_s': rule['compile_s'], 'read_bytes': rule['read_bytes'],
+          'temp_bytes': getattr(mem, 'temp_size_in_bytes', float('nan'))}
+
+
+def bench_engine_agg(scenarios=('1c', '4c'), repeats: int = 3, algorithm: str = 'hca2') -> dict:
+  """`engine_agg_runners` per scenario: the engine's aggregation (in-memory and streamed
+  feeds) against the rule alone on pre-stacked rows and a read of the rows; calls
+  alternate between the three, best of `repeats`."""
+  import resource
+  out = {}
+  for sc in scenarios:
+    r = engine_agg_runners(sc, algorithm)
+    times = {'in_memory': [], 'streamed': [], 'rule': []}
+    faults = {k: [] for k in times}
+    for _ in range(repeats):
+      for k in times:
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        r[k]()
+        times[k].append(time.perf_counter() - t0)
+        faults[k].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    floor = min(read_floor_s(r['views'], r['roles'], 1) for _ in range(repeats))
+    res = {k + '_s': min(v) for k, v in times.items()}
+    res.update({k + '_faults': min(v) for k, v in faults.items()})
+    res.update(clients=r['num_clients'], decoders=r['num_decoders'], read_floor_s=floor,
+               read_GB=r['read_bytes'] / 1e9, temp_GB=r['temp_bytes'] / 1e9,
+               compile_s=r['compile_s'], streamed_compile_s=r['streamed_compile_s'],
+               rule_compile_s=r['rule_compile_s'])
+    res['in_memory_vs_rule'] = res['in_memory_s'] / res['rule_s']
+    res['streamed_vs_rule'] = res['streamed_s'] / res['rule_s']
+    print(f"{sc}: N={res['clients']} K={res['decoders']} engine agg in-memory "
+          f"{res['in_memory_s']:.3f} s, streamed {res['streamed_s']:.3f} s, rule alone "
+          f"{res['rule_s']:.3f} s, read floor {floor:.3f} s; compile {res['compile_s']:.1f} s",
+          flush=True)
+    out[sc] = res
     del r
   return out
 
@@ -518,6 +629,108 @@ def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
           'cpu_count': os.cpu_count()}
 
 
+class _SyntheticReader:
+  """In-memory samples with the reader interface `data.cache.build_cache` reads."""
+  dataset_name, split = 'pascal', 'train'
+
+  def __init__(self, samples, tasks):
+    self.samples, self.tasks = samples, tuple(tasks)
+    self.ids = [f'{i:06d}' for i in range(len(samples))]
+
+  def __len__(self):
+    return len(self.samples)
+
+  def image_size(self, i):
+    return self.samples[i]['image'].shape[:2]
+
+  def __getitem__(self, i):
+    return self.samples[i]
+
+
+class _Cycle:
+  """`source` repeated to `n` samples."""
+
+  def __init__(self, source, n):
+    self.source, self.n = source, n
+
+  def __len__(self):
+    return self.n
+
+  def __getitem__(self, i):
+    return self.source[int(i) % len(self.source)]
+
+
+def bench_augment(num_chunks: int = 3, batch: int = 8, size: int = 512,
+                  raw_size: tuple[int, int] = (500, 500), repeats: int = 3,
+                  target_mfu: float = 0.4, peak_flops: float = PEAK_BF16_FLOPS['H100']) -> dict:
+  """Host augmentation against host decode+batch plus device augmentation (data.augment).
+
+  One client of PASCAL-sized samples (375x500, all five tasks) through
+  `data.real.TrainChunks` at `size`², batch `batch`, 2 steps per chunk, read from a
+  memory-mapped cache of them (`data.cache`, as a run reads; normals decoded) and, for
+  reference, from memory:
+  * host: the transforms in the chunk source (today's path), images per CPU second;
+  * raw: the same chunks with augment='device' (samples placed un-augmented in a
+    `raw_size` canvas, PASCAL's largest image), images per CPU second;
+  * device: the jitted `device_augment` function on such a raw chunk, images per wall
+    second on this backend (all its cores).
+  Host cores to feed one H100 at `target_mfu`: H100 images/s from the Swin-T train step's
+  model FLOPs at `size` (`model_flops`, dense bf16 peak) over each path's per-core rate
+  (from the cache).
+  """
+  import tempfile
+  from fedjax_mtl.data import cache as cache_lib
+  from fedjax_mtl.data import device_augment as DA
+  from fedjax_mtl.data import pipeline, real
+  from fedjax_mtl.data import transforms as T
+  keys = ('semseg', 'human_parts', 'sal', 'normals', 'edge')
+  samples = pipeline.synthetic_pascal_source(16, (375, 500), 0)
+  n = (num_chunks + 1) * 2 * batch
+  spec = real.GroupFeedSpec(dataset='pascal', client_ids=(0,), num_total=1, counts=(n,),
+                            epochs=1, batch_size=batch, chunk_steps=2, keys=keys)
+  ts = {'pascal': T.train_transforms((size, size))}
+  out = {'size': size, 'batch': batch, 'raw_canvas': 'x'.join(map(str, raw_size))}
+
+  def per_cpu_s(chunks):
+    chunks[0]  # warm-up (first allocations, page cache)
+    c0 = time.process_time()
+    for i in range(1, num_chunks + 1):
+      chunks[i]
+    return num_chunks * 2 * batch / (time.process_time() - c0)
+
+  with tempfile.TemporaryDirectory() as tmp:
+    cached = cache_lib.CachedDataset(cache_lib.build_cache(
+        _SyntheticReader(samples, keys), os.path.join(tmp, 'pascal_train')))
+    for name, source in (('', cached), ('in_memory_', samples)):
+      client = [_Cycle(source, n)]
+      out[f'{name}host_augment_images_per_cpu_s'] = per_cpu_s(
+          real.TrainChunks([spec], [client], 1, {'pascal': (size, size)}, 0, ts))
+      raw = real.TrainChunks([spec], [client], 1, {'pascal': (size, size)}, 0, ts,
+                             augment='device', raw_size_of={'pascal': raw_size})
+      out[f'{name}raw_feed_images_per_cpu_s'] = per_cpu_s(raw)
+  out['raw_feed_ms_per_image'] = 1e3 / out['raw_feed_images_per_cpu_s']
+  x = jax.device_put({k[2:]: v for k, v in raw[0].items() if k.startswith('x/')})
+  augment = DA.make_chunk_augmenter(DA.config_from_transforms(ts['pascal']), 0)
+  t0 = time.perf_counter()
+  jax.block_until_ready(augment(x))
+  out['device_augment_compile_s'] = time.perf_counter() - t0
+  dt = _timeit(lambda: jax.block_until_ready(augment(x)), repeats)
+  out['device_augment_images_per_s'] = 2 * batch / dt
+  out['device_augment_backend'] = jax.devices()[0].device_kind
+  with jax.enable_x64(True):  # XLA's estimate (the crop-retry loop body counted once)
+    cost = augment.jitted.lower(x).cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  out['device_augment_mflop_per_image'] = cost['flops'] / (2 * batch) / 1e6
+  flops = model_flops(size, batch)  # one Swin-T train step (forward + backward + AdamW)
+  gpu = target_mfu * peak_flops / (flops / batch)
+  out['swin_t_gflop_per_train_image'] = flops / batch / 1e9
+  out[f'h100_images_per_s_at_{target_mfu:.0%}_mfu'] = gpu
+  out['host_cores_per_h100_host_augment'] = gpu / out['host_augment_images_per_cpu_s']
+  out['host_cores_per_h100_device_augment'] = gpu / out['raw_feed_images_per_cpu_s']
+  out['cpu_count'] = os.cpu_count()
+  return out
+
+
 SERVE = {
     'fedavg_round': lambda: round_runner('fedavg')[0],
     'swin_t_128': lambda: swin_step_runner(128)[0],
@@ -532,11 +745,13 @@ def main(argv=None):
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--only', default='all',
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
-                          'algorithms', 'rules', 'all'])
+                          'algorithms', 'rules', 'engine_agg', 'augment', 'all'])
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
                  help='--only=algorithms: comma-separated algorithm configs to time')
   p.add_argument('--rules', default='', help='--only=rules: comma-separated names of RULES '
                                              '(default: all)')
+  p.add_argument('--scenarios', default='1c,4c',
+                 help='--only=engine_agg: comma-separated scenarios (1c, 2c, 4c)')
   p.add_argument('--mfu_resolution', type=int, default=512)
   p.add_argument('--mfu_dtype', default='bfloat16', choices=['bfloat16', 'float32'])
   p.add_argument('--mfu_remat', action='store_true')
@@ -573,14 +788,18 @@ def main(argv=None):
                                              tuple(a.algorithms.split(',')))
   if a.only == 'rules':  # not in 'all': nine compiles at Swin-T scale
     results['rules'] = bench_rules(a.repeats, a.rules.split(',') if a.rules else None)
+  if a.only == 'engine_agg':  # not in 'all': Swin-T federations of 6 and 24 clients
+    results['engine_agg'] = bench_engine_agg(tuple(a.scenarios.split(',')), a.repeats)
   if a.only == 'swin_memory':  # not in 'all': four compiles at 512x512
     results['swin_memory'] = bench_swin_memory()
   if a.only == 'mfu':  # not in 'all': a 512x512 step is for accelerators
     results['mfu'] = bench_mfu(a.mfu_resolution, dtype=a.mfu_dtype, remat=a.mfu_remat,
                                repeats=a.repeats, peak_tflops=a.peak_tflops)
+  if a.only == 'augment':  # not in 'all': lowers a Swin-T step at 512x512 for its FLOPs
+    results['augment'] = bench_augment(repeats=a.repeats)
   print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
-               'algorithms', 'rules'):
+               'algorithms', 'rules', 'engine_agg', 'augment'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

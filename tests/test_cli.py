@@ -119,3 +119,14 @@ def test_mismatched_workdir_and_checkpoint_are_refused_without_loss(tmp_path):
   with pytest.raises(ConfigError, match=r'checkpoint .* does not match the config'):
     train.train_and_evaluate(other, wd)
   assert snapshot(wd) == before
+
+
+def test_workdir_of_an_older_version_resumes_when_new_fields_keep_defaults(tmp_path):
+  cfg = tiny_config()
+  old = json.loads(cfg.to_json_best_effort())
+  del old['data']['augment']  # a field this version added
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  train._check_workdir(cfg, str(tmp_path))  # the default: the old run behaved the same
+  other = tiny_config(**{'data.augment': 'device'})
+  with pytest.raises(ConfigError, match=r'different config \(fields: data\)'):
+    train._check_workdir(other, str(tmp_path))

@@ -122,9 +122,12 @@ def test_model_remat_reaches_the_encoder_and_survives_compilation():
   assert (train.train_compiler_options(via_kwargs) is not None) == (jax.default_backend() == 'cpu')
   state = train.init_state(exp)
   train_data, _ = feeds.device_data(exp)
-  # The remat barriers are still in the compiled round: the recomputation was
-  # not merged back into the forward pass.
-  text = rounds.make_round_fn(exp).lower(state, train_data).compile().as_text()
+  # The remat barriers are still in the compiled group trainer: the
+  # recomputation was not merged back into the forward pass.
+  spec = exp.fed.groups[0]
+  text = rounds.make_train_fns(exp)[0].lower(
+      state.groups[0], train_data[spec.dataset]['train'], state.round,
+      state.rng).compile().as_text()
   assert 'opt-barrier' in text
 
 

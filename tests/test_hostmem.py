@@ -86,3 +86,40 @@ def test_reuse_freed_memory_does_nothing_off_cpu(monkeypatch):
   monkeypatch.setattr(hostmem, '_applied', False)
   monkeypatch.setattr(hostmem, '_mallopt', lambda: pytest.fail('mallopt called off CPU'))
   assert hostmem.reuse_freed_memory() is False
+
+
+# A heap block above 2 GiB (FedHCA2's aggregation at Swin-T scale has a 2.65 GB scratch
+# buffer): with a trim threshold of 2^31 - 1, the largest positive value mallopt takes,
+# glibc hands the block back on free and faults it in again on the next malloc.
+_BIG_PROBE = r'''
+import ctypes, json, resource
+from fedjax_mtl import hostmem
+applied = hostmem.reuse_freed_memory()
+libc = ctypes.CDLL('libc.so.6')
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+n = (2**31) + (2**28)
+faults = []
+for _ in range(2):
+  r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  p = libc.malloc(n)
+  libc.memset(p, 1, n)
+  libc.free(p)
+  faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+print(json.dumps({'applied': applied, 'faults': faults}))
+'''
+
+
+def test_blocks_above_two_gib_stay_mapped():
+  if hostmem._mallopt() is None:
+    return  # not glibc: nothing to set (checked in the test above)
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', _BIG_PROBE], capture_output=True, text=True,
+                       env=env, check=True)
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert res['applied'] is True
+  pages = ((2**31) + (2**28)) // 4096
+  assert res['faults'][0] > pages // 2, res  # first use: mapped afresh
+  assert res['faults'][1] < pages // 100, res  # reused: no trim in between

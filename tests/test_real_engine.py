@@ -62,7 +62,7 @@ def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, tmp_path):
     steps = {r['steps'] for r in train_rows if r['client'] == c.name}
     assert steps == {c.local_epochs * (c.num_train // cfg.batch_size)}
   # Chunk trainers and the aggregation were traced once each.
-  assert all(f._cache_size() == 1 for f in exp.compiled['chunk_fns'] + [exp.compiled['agg_fn']])
+  assert all(f._cache_size() == 1 for f in exp.compiled['chunk_fns'] + [exp.compiled['agg_fn_streamed']])
   # Interrupt after round 1, resume with other reader settings: same result.
   part = str(tmp_path / 'part')
   out = train.train_and_evaluate(cfg, part, stop_after=1)

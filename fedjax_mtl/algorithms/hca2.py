@@ -26,8 +26,9 @@ import optax
 
 from fedjax_mtl.algorithms import hca2_math as hm
 from fedjax_mtl.algorithms import rules
-from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, config_block, tree_sub)
+from fedjax_mtl.algorithms.base import (Algorithm, Blocks, Client, FedInfo, Server,
+                                        ServerInputs, ServerState, config_block, num_rows,
+                                        row_offsets, tree_sub)
 from fedjax_mtl.errors import ConfigError, check_choice
 
 PyTree = Any
@@ -93,6 +94,60 @@ def _add_scaled(base: PyTree, weight: PyTree, agg: PyTree) -> PyTree:
   return jax.tree.map(one, base, weight, agg)
 
 
+def _runs(ids) -> list[tuple[int, int]]:
+  """[start, stop) of the runs of equal consecutive ids."""
+  bounds = [0] + [i for i in range(1, len(ids)) if ids[i] != ids[i - 1]] + [len(ids)]
+  return list(zip(bounds[:-1], bounds[1:]))
+
+
+def personalize_encoders(prev: PyTree, local: PyTree, alpha: jax.Array, u: PyTree,
+                         homo_ids: tuple[int, ...] | None = None) -> PyTree:
+  """θ_i ← θ_i + Δθ_i + clamp(α_i)·Ũ per encoder row, written part by part.
+
+  `prev`/`local` are stacked or `Blocks` (the output has the same form). With
+  `homo_ids`, the rows of each run of two or more consecutive same-task clients
+  take the run's mean update, θ_prev + mean(Δθ) (released homo aggregation);
+  the mean is one elementwise pass over the run's rows (no Δθ is stored), and
+  a row outside such runs is its upload exactly, so α = 0 gives Local bitwise.
+  """
+  parts_p, parts_l = row_offsets(prev), row_offsets(local)
+  bounds = [lo for lo, _ in parts_l] + [parts_l[-1][0] + num_rows(parts_l[-1][1])]
+  runs = [r for r in (_runs(homo_ids) if homo_ids is not None else []) if r[1] - r[0] > 1]
+  w = jnp.clip(alpha, 0., 1.)
+  flat_p = [jax.tree.leaves(t) for _, t in parts_p]
+  flat_l = [jax.tree.leaves(t) for _, t in parts_l]
+  flat_u = jax.tree.leaves(u)
+
+  def row(flat, leaf, i):
+    j = next(j for j in range(len(bounds) - 1) if bounds[j] <= i < bounds[j + 1])
+    return flat[j][leaf][i - bounds[j]]
+
+  def part(j, leaf):
+    pp, ll, g = flat_p[j][leaf], flat_l[j][leaf], flat_u[leaf]
+    lo, hi = bounds[j], bounds[j + 1]
+    inside = [(max(a, lo), min(b, hi), a, b) for a, b in runs if a < hi and b > lo]
+    if not inside:
+      base = ll
+    else:
+      pieces, at = [], lo
+      for s0, s1, a, b in inside:
+        if s0 > at:
+          pieces.append(ll[at - lo:s0 - lo])
+        mean = sum(row(flat_l, leaf, i).astype(jnp.float32) - row(flat_p, leaf, i).astype(
+            jnp.float32) for i in range(a, b)) * (1.0 / (b - a))
+        pieces.append((pp[s0 - lo:s1 - lo].astype(jnp.float32) + mean[None]).astype(pp.dtype))
+        at = s1
+      if at < hi:
+        pieces.append(ll[at - lo:])
+      base = jnp.concatenate(pieces, 0)
+    ww = w[lo:hi].reshape((hi - lo,) + (1,) * (ll.ndim - 1))
+    return (base.astype(jnp.float32) + ww * g[None].astype(jnp.float32)).astype(ll.dtype)
+
+  out = [jax.tree.unflatten(jax.tree.structure(t), [part(j, k) for k in range(len(flat_l[j]))])
+         for j, (_, t) in enumerate(parts_l)]
+  return Blocks(tuple(out)) if isinstance(local, Blocks) else out[0]
+
+
 def _layer_entropy(entropy: PyTree, layers: PyTree, num_layers: int) -> jax.Array:
   """Mean attention entropy of the tensors of each layer, [L]."""
   tot = jnp.zeros((num_layers,))
@@ -134,25 +189,20 @@ def conflict_averse_encoders(info: FedInfo, cfg) -> Server:
 
   def apply(state: ServerState, x: ServerInputs):
     st = state.shared
-    prev, local = x.prev['encoder'], x.local['encoder']
+    prev, local = x.prev['encoder'], x.local['encoder']  # Blocks: the groups' own arrays
     # The encoder deltas (N x 27.5M for Swin-T) are never materialised: the Gram
     # matrix and the α inner products <Ũ^(r-1), Δθ_i> share one read pass.
     u, aux = hm.conflict_averse_from(local, prev, c=cfg.ca_c, rescale=cfg.ca_rescale,
-                                     probe=st['prev_u'])
+                                     probe=st['prev_u'], diagnostics=False)
     g_alpha = hm.hyper_grad(aux['probe_dots'], st['alpha'])
     alpha, alpha_opt = _hyper_step(tx, st['alpha'], st['alpha_opt'], g_alpha, x.round >= 1)
-    if homo_active:
-      base = jax.tree.map(lambda p, d: (p.astype(jnp.float32) + d).astype(p.dtype),
-                          prev, hm.homo_average(tree_sub(local, prev), homo_ids))
-    else:
-      base = local  # θ_prev + Δθ exactly, so α = 0 gives Local bitwise
-    enc = _add_scaled(base, jax.tree.map(lambda _: alpha, base), u)
+    enc = personalize_encoders(prev, local, alpha, u, homo_ids if homo_active else None)
     logs = dict(alpha=alpha, alpha_grad=g_alpha, ca_w=aux['w'],
                 ca_conflict_rate=aux['conflict_rate'])
     return ({'encoder': enc},
             state._replace(shared={'alpha': alpha, 'alpha_opt': alpha_opt, 'prev_u': u}), logs)
 
-  return Server(init=init, apply=apply)
+  return Server(init=init, apply=apply, blocks=True)
 
 
 def cross_attention_decoders(info: FedInfo, cfg) -> Server:

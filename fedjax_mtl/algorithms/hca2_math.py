@@ -44,6 +44,19 @@ def _leaves(tree: PyTree) -> list[jax.Array]:
   return jax.tree_util.tree_leaves(tree)
 
 
+def _row_leaves(tree: PyTree) -> list[list[jax.Array]]:
+  """Per leaf, the arrays holding its rows in order: one for a stacked tree, one per
+  part for `base.Blocks` (the client groups' own arrays, never concatenated)."""
+  from fedjax_mtl.algorithms.base import Blocks
+  if isinstance(tree, Blocks):
+    return [list(seg) for seg in zip(*[_leaves(p) for p in tree.parts], strict=True)]
+  return [[x] for x in _leaves(tree)]
+
+
+def _num_rows(segs: list[jax.Array]) -> int:
+  return sum(x.shape[0] for x in segs)
+
+
 def _flat(x: jax.Array) -> jax.Array:
   """[N, ...] -> [N, d] in float32 (a reshape, not a copy, for float32 input)."""
   return jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
@@ -92,25 +105,30 @@ _GRAM_CHUNK_SMALL = 8192
 
 
 def _leaf_gram(
-    local: jax.Array, prev: jax.Array | None, probe: jax.Array | None, mix: jax.Array | None
+    local: list[jax.Array], prev: list[jax.Array] | None, probe: jax.Array | None,
+    mix: jax.Array | None
 ) -> jax.Array:
   """Gram matrix of the rows [mix @ (local - prev); probe] of one leaf, [R, R].
 
-  The leaf is read once, in column chunks: each step forms the rows of one
-  chunk and contracts them with themselves, and the partial Grams are summed.
-  Neither the difference nor the row mix is materialised at full size (XLA:CPU
-  cannot fuse them into a dot; a leaf-sized temporary would cost an extra write
-  and read of the leaf, and fresh pages on every call).
+  `local` and `prev` are the leaf's row segments (`_row_leaves`). The leaf is
+  read once, in column chunks: each step forms the rows of one chunk (the
+  segments' slices stacked, cache-sized) and contracts them with themselves,
+  and the partial Grams are summed. Neither the difference nor the row mix nor
+  the stacked rows are materialised at full size (XLA:CPU cannot fuse them
+  into a dot; a leaf-sized temporary would cost an extra write and read of the
+  leaf, and fresh pages on every call).
   """
-  x = _flat(local)
-  y = None if prev is None else _flat(prev)
+  xs = [_flat(x) for x in local]
+  ys = None if prev is None else [_flat(y) for y in prev]
   v = None if probe is None else jnp.reshape(probe, (1, -1)).astype(jnp.float32)
-  d = x.shape[1]
-  r = x.shape[0] if mix is None else mix.shape[0]
+  d = xs[0].shape[1]
+  r = _num_rows(xs) if mix is None else mix.shape[0]
 
   def gram_of(start: Any, size: int) -> jax.Array:
     take = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size, axis=1)
-    rows = take(x) if y is None else take(x) - take(y)
+    segs = [take(x) if ys is None else take(x) - take(y)
+            for x, y in zip(xs, ys or [None] * len(xs))]
+    rows = segs[0] if len(segs) == 1 else jnp.concatenate(segs, axis=0)
     if mix is not None:
       rows = _dot(mix, rows)
     if v is not None:
@@ -173,13 +191,13 @@ def delta_gram(
   inner products <probe, row> [R] (else None), from the same single read pass
   over `local` and `prev`. Accumulated leaf by leaf.
   """
-  leaves = _leaves(local)
+  leaves = _row_leaves(local)
   if not leaves:
     raise ValueError("gram: empty pytree")
-  prevs = [None] * len(leaves) if prev is None else _leaves(prev)
+  prevs = [None] * len(leaves) if prev is None else _row_leaves(prev)
   probes = [None] * len(leaves) if probe is None else _leaves(probe)
   g = sum(_leaf_gram(x, y, v, mix) for x, y, v in zip(leaves, prevs, probes, strict=True))
-  r = leaves[0].shape[0] if mix is None else mix.shape[0]
+  r = _num_rows(leaves[0]) if mix is None else mix.shape[0]
   return g[:r, :r], (None if probe is None else g[r, :r])
 
 
@@ -409,48 +427,71 @@ def conflict_averse_from(
     c: float = 0.4,
     rescale: bool = True,
     probe: PyTree | None = None,
+    diagnostics: bool = True,
 ) -> tuple[PyTree, dict[str, Any]]:
   """:func:`conflict_averse` of Δ = local - prev (Δ = local if `prev` is None), with aux.
 
-  Δ is never materialised. One chunked read pass over `local` and `prev` gives
-  the Gram matrix A (and, with `probe`, aux["probe_dots"] = <probe, Δ_i>, e.g.
-  the α hypergradient's inner products); after the solve, Ũ = Σ_i coef_i Δ_i
-  with coef = (1/N + λ w)·scale is written in one elementwise pass. ‖g_w‖ comes
-  from the Gram matrix when that is accurate (see `_MAX_GRAM_CANCELLATION`), else
-  from one more read pass.
+  `local` and `prev` are stacked `[N, ...]` trees or `base.Blocks` of them
+  (rows left in the client groups' arrays). Δ is never materialised. One
+  chunked read pass over `local` and `prev` gives the Gram matrix A (and, with
+  `probe`, aux["probe_dots"] = <probe, Δ_i>, e.g. the α hypergradient's inner
+  products); after the solve, Ũ = Σ_i coef_i Δ_i with coef = (1/N + λ w)·scale
+  is written in one elementwise pass. ‖g_w‖ comes from the Gram matrix when
+  that is accurate (see `_MAX_GRAM_CANCELLATION`), else from one more read
+  pass. `diagnostics=False` leaves out the aux entries that need more than A
+  (‖Δ̄‖ and the distance ratio: one more read pass each call).
   """
-  leaves = _leaves(local)
-  prevs = [None] * len(leaves) if prev is None else _leaves(prev)
-  n = leaves[0].shape[0]
+  leaves = _row_leaves(local)
+  prevs = [None] * len(leaves) if prev is None else _row_leaves(prev)
+  n = _num_rows(leaves[0])
   a, probe_dots = delta_gram(local, prev, probe)
   w = solve_ca_dual(a, c)
   sqrt_phi = _sqrt_phi(a, c)
   scale = 1.0 / (1.0 + c**2) if rescale else 1.0
 
-  def update(gw_sq: jax.Array) -> tuple[list[jax.Array], jax.Array, jax.Array]:
-    gw_norm = jnp.sqrt(jnp.maximum(gw_sq, 0.0))
-    lam = sqrt_phi / (gw_norm + _EPS)
-    coef = (1.0 / n + lam * w) * scale
-    # Ũ has the dtype of Δ: the deltas' own, or float32 when formed here from local - prev.
-    out = [sum(coef[i] * (x[i].astype(jnp.float32)
-                          - (0.0 if y is None else y[i].astype(jnp.float32)))
-               for i in range(n)).astype(x.dtype if y is None else jnp.float32)
-           for x, y in zip(leaves, prevs)]
-    return out, gw_norm, lam
-
   # ‖g_w‖² = wᵀAw cancels when the updates conflict (‖g_w‖ ≪ Σ_i w_i‖Δ_i‖), so
-  # it is used only while that ratio is bounded; otherwise ‖g_w‖ is recomputed
-  # from the rows wᵀΔ themselves, as the released gw.norm(). The cond also makes
-  # XLA materialise Ũ once instead of re-deriving it in every consumer (e.g.
-  # inside each row of the personalised update).
+  # it is used only while that ratio is bounded; otherwise ‖g_w‖² is recomputed
+  # from the rows wᵀΔ themselves (one elementwise pass per leaf), as the released
+  # gw.norm().
   norms = jnp.sqrt(jnp.maximum(jnp.diag(a), 0.0))  # ‖Δ_i‖
   gw_sq = _dot(w, _dot(a, w))
   spread = jnp.square(_dot(w, norms))
-  out, gw_norm, lam = jax.lax.cond(
-      gw_sq * _MAX_GRAM_CANCELLATION >= spread,
-      lambda: update(gw_sq),
-      lambda: update(delta_gram(local, prev, mix=w[None, :])[0][0, 0]))
-  out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(local), out)
+  def combine(coef, xs, ys):
+    """Σ_i coef_i Δ_i of one leaf, one elementwise pass over its row segments; it has
+    the dtype of Δ: the deltas' own, or float32 when formed here from local - prev."""
+    terms, lo = [], 0
+    for j, x in enumerate(xs):
+      y = None if ys is None else ys[j]
+      terms += [coef[lo + i] * (x[i].astype(jnp.float32)
+                                - (0.0 if y is None else y[i].astype(jnp.float32)))
+                for i in range(x.shape[0])]
+      lo += x.shape[0]
+    return sum(terms).astype(xs[0].dtype if ys is None else jnp.float32)
+
+  def gw_sq_from_rows():
+    # Per leaf, one reduction over the rows of w_i (local_i - prev_i), fused: inside
+    # a cond branch XLA:CPU would copy out every row slice that `combine` takes.
+    def leaf(xs, ys):
+      g, lo = 0.0, 0
+      for j, x in enumerate(xs):
+        d = x.astype(jnp.float32) - (0.0 if ys is None else ys[j].astype(jnp.float32))
+        wj = w[lo:lo + x.shape[0]].reshape((-1,) + (1,) * (x.ndim - 1))
+        g = g + jnp.sum(wj * d, axis=0)
+        lo += x.shape[0]
+      return jnp.sum(jnp.square(g))
+    return sum(leaf(x, y) for x, y in zip(leaves, prevs))
+
+  gw_sq = jax.lax.cond(gw_sq * _MAX_GRAM_CANCELLATION >= spread, lambda: gw_sq,
+                       gw_sq_from_rows)
+  gw_norm = jnp.sqrt(jnp.maximum(gw_sq, 0.0))
+  lam = sqrt_phi / (gw_norm + _EPS)
+  coef = (1.0 / n + lam * w) * scale
+  out = [combine(coef, x, y) for x, y in zip(leaves, prevs)]
+  # Ũ is read by every personalised row: materialise it once rather than let
+  # XLA re-derive it from the N updates inside each consumer.
+  out = jax.lax.optimization_barrier(out)
+  structure = local.parts[0] if hasattr(local, 'parts') else local
+  out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(structure), out)
 
   # Diagnostics (spec §9.3) from the Gram matrix: <Δ_i, Δ̄> = (A 1/N)_i and
   # <Δ_i, g_w> = (A w)_i, so no extra pass over the N stacked updates.
@@ -459,9 +500,6 @@ def conflict_averse_from(
   cos = a / jnp.maximum(jnp.outer(norms, norms), 1e-30)
   iu = np.triu_indices(n, 1)
   conflict_rate = jnp.mean((cos[iu] < 0).astype(jnp.float32)) if n > 1 else jnp.float32(0)
-  # ‖Δ̄‖ from the rows Δ̄ (1ᵀA1/N² cancels like wᵀAw); one more read pass, which
-  # XLA drops when this diagnostic is unused.
-  mean_norm = jnp.sqrt(delta_gram(local, prev, mix=jnp.full((1, n), 1.0 / n))[0][0, 0])
   aux = {
       "w": w,
       "objective": ca_objective(w, a, c),
@@ -473,11 +511,14 @@ def conflict_averse_from(
       "lambda": lam,
       "gw_norm": gw_norm,
       "sqrt_phi": sqrt_phi,
-      "mean_norm": mean_norm,
-      # ‖Ũ_prerescale - Δ̄‖/‖Δ̄‖ = λ‖g_w‖/‖Δ̄‖ = c up to the 1e-8 epsilons.
-      "dist_ratio": lam * gw_norm / jnp.maximum(mean_norm, 1e-30),
       "probe_dots": probe_dots,
   }
+  if diagnostics:
+    # ‖Δ̄‖ from the rows Δ̄ (1ᵀA1/N² cancels like wᵀAw): one more read pass.
+    mean_norm = jnp.sqrt(delta_gram(local, prev, mix=jnp.full((1, n), 1.0 / n))[0][0, 0])
+    aux["mean_norm"] = mean_norm
+    # ‖Ũ_prerescale - Δ̄‖/‖Δ̄‖ = λ‖g_w‖/‖Δ̄‖ = c up to the 1e-8 epsilons.
+    aux["dist_ratio"] = lam * gw_norm / jnp.maximum(mean_norm, 1e-30)
   return out, aux
 
 

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl.algorithms.base import (FedInfo, Server, ServerInputs, ServerState, Views,
-                                        broadcast_rows, tree_mean, tree_sub)
+from fedjax_mtl.algorithms.base import (Blocks, FedInfo, Server, ServerInputs, ServerState,
+                                        Views, block_rows, broadcast_rows, stack, tree_mean,
+                                        tree_sub, unstack)
 
 
 def _no_state(views: Views) -> ServerState:
@@ -25,7 +26,7 @@ def _no_state(views: Views) -> ServerState:
 
 def identity() -> Server:
   """Every row keeps its upload (Local training)."""
-  return Server(init=_no_state, apply=lambda state, x: (dict(x.local), state, {}))
+  return Server(init=_no_state, apply=lambda state, x: (dict(x.local), state, {}), blocks=True)
 
 
 def mean(weighting: str = 'uniform', info: FedInfo | None = None) -> Server:
@@ -47,11 +48,15 @@ def mean(weighting: str = 'uniform', info: FedInfo | None = None) -> Server:
       out[role] = broadcast_rows(tree_mean(local, w), local)
     return out, state, {}
 
-  return Server(init=_no_state, apply=apply)
+  return Server(init=_no_state, apply=apply, blocks=True)
 
 
 def by_role(rules: Mapping[str, Server]) -> Server:
-  """Role `r`'s rows go through `rules[r]` alone (e.g. FedHCA2's two rules)."""
+  """Role `r`'s rows go through `rules[r]` alone (e.g. FedHCA2's two rules).
+
+  Takes `Blocks` views; a part rule without `blocks` gets its role's rows
+  (and per-row state) concatenated and its output split back.
+  """
   def init(views: Views) -> ServerState:
     states = {r: rules[r].init({r: views[r]}) for r in rules if r in views}
     return ServerState(shared={r: s.shared for r, s in states.items()},
@@ -62,14 +67,21 @@ def by_role(rules: Mapping[str, Server]) -> Server:
     for r, rule in rules.items():
       if r not in x.local:
         continue
-      sub = x._replace(prev={r: x.prev[r]}, local={r: x.local[r]})
-      new, st, lg = rule.apply(ServerState(state.shared[r], {r: state.rows.get(r, {})}), sub)
-      out[r] = new[r]
-      shared[r], rows[r] = st.shared, st.rows.get(r, {})
+      prev, local, rw = x.prev[r], x.local[r], state.rows.get(r, {})
+      back = lambda v: v
+      if isinstance(local, Blocks) and not rule.blocks:
+        sizes = block_rows(local)
+        prev, local = stack(prev), stack(local)
+        rw = stack(rw) if isinstance(rw, Blocks) else rw
+        back = lambda v, sizes=sizes: (unstack(v, sizes) if jax.tree.leaves(v) else v)
+      sub = x._replace(prev={r: prev}, local={r: local})
+      new, st, lg = rule.apply(ServerState(state.shared[r], {r: rw}), sub)
+      out[r] = back(new[r])
+      shared[r], rows[r] = st.shared, back(st.rows.get(r, {}))
       logs.update(lg)
     return out, ServerState(shared, rows), logs
 
-  return Server(init=init, apply=apply)
+  return Server(init=init, apply=apply, blocks=True)
 
 
 def for_rounds(rule: Server, num_rounds: int) -> Server:
@@ -80,7 +92,7 @@ def for_rounds(rule: Server, num_rounds: int) -> Server:
     pick = lambda a, b: jax.tree.map(lambda u, v: jnp.where(on, u, v), a, b)
     return pick(new, dict(x.local)), pick(st, state), logs
 
-  return Server(init=rule.init, apply=apply)
+  return Server(init=rule.init, apply=apply, blocks=rule.blocks)
 
 
 def with_server_momentum(rule: Server, momentum: float = 0.9, lr: float = 1.0) -> Server:

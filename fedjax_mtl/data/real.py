@@ -32,9 +32,13 @@ from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.data import pipeline
 from fedjax_mtl.data import transforms as T
 from fedjax_mtl.data.cache import CacheError, CachedDataset
-from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.errors import ConfigError, check_choice
 
 ENV_DATA_DIR = 'FEDJAX_MTL_DATA_DIR'
+# Where training samples are augmented (`data.augment`): 'host' runs the
+# transforms in the grain pipeline; 'device' ships raw samples in a fixed
+# canvas and `data.device_augment` augments them on the accelerator.
+AUGMENT_MODES = ('host', 'device')
 DATASET_DIRS = {'pascal': 'PASCALContext', 'nyud': 'NYUDv2'}
 TEST_SPLIT = 'val'
 
@@ -115,6 +119,43 @@ def _fields(tasks: Sequence[str], size: tuple[int, int]) -> dict[str, tuple]:
   return out
 
 
+def _raw_fields(tasks: Sequence[str], size: tuple[int, int]) -> dict[str, tuple]:
+  """(shape, dtype, fill) of one un-augmented sample in a raw canvas of `size`
+  (data.augment='device'): the cache's arrays at the top-left, 'size' = its
+  (height, width) (0 for padding), 'aug_id' = (client, epoch, position)."""
+  out = _fields(tasks, size)
+  del out['box']
+  out['size'] = ((2,), np.int32, 0)
+  out['aug_id'] = ((3,), np.int32, 0)
+  return out
+
+
+def max_image_size(sources: Sequence[Any]) -> tuple[int, int]:
+  """The largest (height, width) over the samples of `sources` (the raw canvas size)."""
+  h = w = 1
+  for src in sources:
+    if hasattr(src, 'image_sizes'):
+      sizes = np.asarray(src.image_sizes()).reshape(-1, 2)
+    else:
+      sizes = np.array([s['image'].shape[:2] for s in src], np.int64).reshape(-1, 2)
+    if len(sizes):
+      h, w = max(h, int(sizes[:, 0].max())), max(w, int(sizes[:, 1].max()))
+  return h, w
+
+
+def place_raw(out: dict[str, np.ndarray], at: tuple, sample: dict[str, np.ndarray]) -> None:
+  """Write `sample` un-augmented at the top-left of the raw canvases `out[key][at]`
+  and its (height, width) into `out['size'][at]`."""
+  h, w = sample['image'].shape[:2]
+  th, tw = out['image'][at].shape[:2]
+  if h > th or w > tw:
+    raise ValueError(f'sample of size {h}x{w} is larger than the raw canvas {th}x{tw}')
+  for k, v in sample.items():
+    if k in out:
+      out[k][at][:h, :w] = v
+  out['size'][at] = (h, w)
+
+
 def engine_transforms(transforms: Sequence[Any]) -> list:
   """A transform list without Normalize / PadToSize (done by `place` and on device)."""
   return [t for t in transforms if not isinstance(t, (T.Normalize, T.PadToSize))]
@@ -158,14 +199,27 @@ class TrainChunks:
   Element = {'group', 'round', 'mask' [n, T], 'epoch' [T], 'step' [T],
   'x/<key>' [n, T, B, ...]}; `epoch` is the absolute local epoch (for the lr
   schedule) and `step` the step's position in the round (for dropout keys).
+
+  augment='device': the samples are not augmented here; 'x/<key>' hold them
+  raw in canvases of `raw_size_of[dataset]` (default: the largest image of
+  the dataset's sources) with 'x/size' and 'x/aug_id' [n, T, B, 2 | 3] for
+  `device_augment.augment_chunk`.
   """
 
   def __init__(self, specs: Sequence[GroupFeedSpec], sources: Sequence[Sequence[Any]],
                num_rounds: int, size_of: dict[str, tuple[int, int]], seed: int,
-               transforms_of: dict[str, list]):
+               transforms_of: dict[str, list], augment: str = 'host',
+               raw_size_of: dict[str, tuple[int, int]] | None = None):
+    check_choice('data.augment', augment, AUGMENT_MODES)
     self.specs, self.sources = tuple(specs), [list(s) for s in sources]
     self.size_of, self.seed, self.transforms_of = dict(size_of), int(seed), transforms_of
+    self.num_rounds, self.augment = int(num_rounds), augment
     self._engine_ts = {d: engine_transforms(ts) for d, ts in transforms_of.items()}
+    if augment == 'device' and raw_size_of is None:
+      raw_size_of = {d: max_image_size([src for group, spec in zip(self.sources, self.specs)
+                                        if spec.dataset == d for src in group])
+                     for d in {spec.dataset for spec in self.specs}}
+    self.raw_size_of = dict(raw_size_of or {})
     per_round = [(g, c) for g, s in enumerate(self.specs) for c in range(s.num_chunks)]
     self.per_round = len(per_round)
     self.table = [(r, g, c) for r in range(num_rounds) for g, c in per_round]
@@ -184,7 +238,9 @@ class TrainChunks:
     rnd, g, c = self.table[int(i)]
     spec = self.specs[g]
     n, t_len, b = spec.num_total, spec.chunk_steps, spec.batch_size
-    fields = _fields(spec.keys, self.size_of[spec.dataset])
+    raw = self.augment == 'device'
+    fields = (_raw_fields(spec.keys, self.raw_size_of[spec.dataset]) if raw else
+              _fields(spec.keys, self.size_of[spec.dataset]))
     canvas = {k: np.full((n, t_len, b) + shape, fill, dtype)
               for k, (shape, dtype, fill) in fields.items()}
     mask = np.zeros((n, t_len), bool)
@@ -203,6 +259,10 @@ class TrainChunks:
           orders[ep] = self._order(cid, count, ep)
         order = orders[ep]
         for p in range(s * b, (s + 1) * b):
+          if raw:  # augmented on device, keyed by the same (seed, client, epoch, position)
+            place_raw(canvas, (j, k, p - s * b), self.sources[g][j][int(order[p])])
+            canvas['aug_id'][j, k, p - s * b] = (cid, ep, p)
+            continue
           rng = np.random.default_rng([self.seed, cid, ep, p])
           sample = T.apply_transforms(self.sources[g][j][int(order[p])], ts, rng)
           place(canvas, (j, k, p - s * b), sample)
