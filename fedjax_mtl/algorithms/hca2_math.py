@@ -486,10 +486,15 @@ def conflict_averse_from(
   gw_norm = jnp.sqrt(jnp.maximum(gw_sq, 0.0))
   lam = sqrt_phi / (gw_norm + _EPS)
   coef = (1.0 / n + lam * w) * scale
-  out = [combine(coef, x, y) for x, y in zip(leaves, prevs)]
-  # Ũ is read by every personalised row: materialise it once rather than let
-  # XLA re-derive it from the N updates inside each consumer.
-  out = jax.lax.optimization_barrier(out)
+  # Ũ is read by every personalised row: it is formed inside a cond so that XLA
+  # materialises it once rather than re-deriving it from the N updates inside
+  # each consumer (XLA:CPU drops optimization barriers before fusion). The other
+  # branch, taken only for a NaN coefficient, gives what the sum would: NaN.
+  out = jax.lax.cond(
+      ~jnp.any(jnp.isnan(coef)),
+      lambda: [combine(coef, x, y) for x, y in zip(leaves, prevs)],
+      lambda: [jnp.full(x[0].shape[1:], jnp.nan, x[0].dtype if y is None else jnp.float32)
+               for x, y in zip(leaves, prevs)])
   structure = local.parts[0] if hasattr(local, 'parts') else local
   out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(structure), out)
 
