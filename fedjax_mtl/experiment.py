@@ -136,6 +136,7 @@ def fed_info(fed: federation.Federation, num_rounds: int) -> algorithms.FedInfo:
 def _build(config) -> Experiment:
   algorithms.check(config.algorithm)
   check_choice('data source', config.data.source, DATA_SOURCES)
+  check_choice('data.augment', config.data.get('augment', 'host'), real.AUGMENT_MODES)
   scenarios.layout(config.scenario)
   model_kw = {k: v for k, v in config.model.get('kwargs', {}).items()}
   if config.model.get('dtype', 'float32') not in ('float32', 'bfloat16'):

@@ -60,6 +60,7 @@ def test_smoke_run_prints_progress_and_summaries(tmp_path):
     ('--config.scenario=nowhere', "unknown scenario 'nowhere'; valid choices: 'pascal_st_nyud_mt_1c'"),
     ('--config.model.encoder=resnet9', "unknown model 'resnet9'; valid choices: 'conv_micro'"),
     ('--config.tasks=semseg,colour', "unknown task 'colour' in config.tasks; valid choices:"),
+    ('--config.data.augment=gpu', "unknown data.augment 'gpu'; valid choices: 'host', 'device'"),
 ])
 def test_unknown_names_give_one_error_line(tmp_path, override, expected):
   wd = tmp_path / 'wd'
