@@ -48,8 +48,8 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
   Returns the next state (round + 1) and the server's logs.
 
   A `blocks` server reads the rows where they are (the groups' arrays) and its
-  new rows are written straight back into them; other servers get the rows
-  concatenated across groups (`stack`) and their output is split back.
+  new rows become the groups' new arrays as they are; other servers get the
+  rows concatenated across groups (`stack`) and their output is split back.
   """
   alg, fed = exp.algorithm, exp.fed
   roles = alg.shared_roles

@@ -113,38 +113,36 @@ def personalize_encoders(prev: PyTree, local: PyTree, alpha: jax.Array, u: PyTre
   parts_p, parts_l = row_offsets(prev), row_offsets(local)
   bounds = [lo for lo, _ in parts_l] + [parts_l[-1][0] + num_rows(parts_l[-1][1])]
   runs = [r for r in (_runs(homo_ids) if homo_ids is not None else []) if r[1] - r[0] > 1]
-  w = jnp.clip(alpha, 0., 1.)
   flat_p = [jax.tree.leaves(t) for _, t in parts_p]
   flat_l = [jax.tree.leaves(t) for _, t in parts_l]
-  flat_u = jax.tree.leaves(u)
 
   def row(flat, leaf, i):
     j = next(j for j in range(len(bounds) - 1) if bounds[j] <= i < bounds[j + 1])
     return flat[j][leaf][i - bounds[j]]
 
-  def part(j, leaf):
-    pp, ll, g = flat_p[j][leaf], flat_l[j][leaf], flat_u[leaf]
+  def base(j, leaf):
+    """The part's rows of θ_prev + Δθ (homo-averaged within runs)."""
+    pp, ll = flat_p[j][leaf], flat_l[j][leaf]
     lo, hi = bounds[j], bounds[j + 1]
     inside = [(max(a, lo), min(b, hi), a, b) for a, b in runs if a < hi and b > lo]
     if not inside:
-      base = ll
-    else:
-      pieces, at = [], lo
-      for s0, s1, a, b in inside:
-        if s0 > at:
-          pieces.append(ll[at - lo:s0 - lo])
-        mean = sum(row(flat_l, leaf, i).astype(jnp.float32) - row(flat_p, leaf, i).astype(
-            jnp.float32) for i in range(a, b)) * (1.0 / (b - a))
-        pieces.append((pp[s0 - lo:s1 - lo].astype(jnp.float32) + mean[None]).astype(pp.dtype))
-        at = s1
-      if at < hi:
-        pieces.append(ll[at - lo:])
-      base = jnp.concatenate(pieces, 0)
-    ww = w[lo:hi].reshape((hi - lo,) + (1,) * (ll.ndim - 1))
-    return (base.astype(jnp.float32) + ww * g[None].astype(jnp.float32)).astype(ll.dtype)
+      return ll
+    pieces, at = [], lo
+    for s0, s1, a, b in inside:
+      if s0 > at:
+        pieces.append(ll[at - lo:s0 - lo])
+      mean = sum(row(flat_l, leaf, i).astype(jnp.float32) - row(flat_p, leaf, i).astype(
+          jnp.float32) for i in range(a, b)) * (1.0 / (b - a))
+      pieces.append((pp[s0 - lo:s1 - lo].astype(jnp.float32) + mean[None]).astype(pp.dtype))
+      at = s1
+    if at < hi:
+      pieces.append(ll[at - lo:])
+    return jnp.concatenate(pieces, 0)
 
-  out = [jax.tree.unflatten(jax.tree.structure(t), [part(j, k) for k in range(len(flat_l[j]))])
-         for j, (_, t) in enumerate(parts_l)]
+  out = []
+  for j, (lo, t) in enumerate(parts_l):
+    b = jax.tree.unflatten(jax.tree.structure(t), [base(j, k) for k in range(len(flat_l[j]))])
+    out.append(_add_scaled(b, jax.tree.map(lambda _: alpha[lo:bounds[j + 1]], b), u))
   return Blocks(tuple(out)) if isinstance(local, Blocks) else out[0]
 
 
