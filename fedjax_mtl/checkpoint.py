@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import sys
+import traceback
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.state import FedState, from_dict, to_dict
 
 PyTree = Any
 
+# Suffix of a step folder whose data could not be read: orbax only lists folders
+# named by a bare step number, so the folder stays on disk, out of the manager's way.
+UNREADABLE = '.unreadable'
+# orbax 0.12's coroutine that reads one array (see `_silence_abandoned_reads`).
+_ORBAX_READ = '_read_array_index_and_device_put'
+
 
 class Checkpointer:
-  """Saves the federation state every few rounds; restores the latest one."""
+  """Saves the federation state every few rounds; restores the newest readable one."""
 
+  # Two steps: orbax deletes the older one only after the newer one is committed, so
+  # whenever the newest step turns out unreadable an older step is still on disk.
   def __init__(self, directory: str, max_to_keep: int = 2):
+    if max_to_keep < 2:
+      raise ConfigError(f'max_to_keep must be >= 2 (an older step to fall back to), '
+                        f'got {max_to_keep}')
     self.directory = os.path.abspath(directory)
     self._mngr = ocp.CheckpointManager(
         self.directory,
@@ -43,19 +59,167 @@ class Checkpointer:
     """Asynchronously save `state` (host copies are made before this returns)."""
     self._mngr.save(rounds_done, args=ocp.args.StandardSave(to_dict(state)))
 
-  def restore(self, abstract_state: FedState) -> FedState:
-    """Restore the newest checkpoint into the structure/shardings of `abstract_state`."""
-    step = self._mngr.latest_step()
-    try:
-      d = self._mngr.restore(step, args=ocp.args.StandardRestore(to_dict(abstract_state)))
-      return from_dict(abstract_state, d)
-    except (ValueError, KeyError, TypeError) as e:
-      msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-      raise ConfigError(
-          f'checkpoint {self.directory}/{step} does not match the config '
-          f'(model, scenario or algorithm changed?): {msg[:300]}') from None
+  def restore_latest(self, abstract_state: FedState) -> tuple[int, FedState]:
+    """(step, state) of the newest readable checkpoint.
+
+    Steps whose data cannot be read (truncated, corrupt or missing files) are
+    skipped; once an older step was read, each skipped step folder is renamed
+    `<step>.unreadable` (kept on disk, no longer listed by orbax) with one line
+    on stderr. A checkpoint of another model or scenario raises ConfigError,
+    as does a directory without a readable step (then nothing is moved).
+    """
+    self._mngr.wait_until_finished()
+    self._mngr.reload()
+    steps = sorted(self._mngr.all_steps(), reverse=True)
+    if not steps:
+      raise ConfigError(f'no checkpoint in {self.directory}')
+    skipped = []
+    for step in steps:
+      try:
+        state = self._restore_step(step, abstract_state)
+      except _Unreadable as e:
+        skipped.append((step, str(e)))
+        continue
+      if skipped:
+        if jax.process_index() == 0:  # one process renames; all wait, then re-list
+          for s, why in skipped:
+            dest = _set_aside(self._step_dir(s))
+            print(f'checkpoint {self._step_dir(s)} is unreadable ({why}); moved to {dest}, '
+                  f'resuming from step {step}', file=sys.stderr, flush=True)
+        ocp.multihost.sync_global_processes('fedjax_mtl_set_aside_unreadable')
+        self._mngr.reload()
+      return step, state
+    raise ConfigError(f'no readable checkpoint in {self.directory}: '
+                      + '; '.join(f'step {s}: {why}' for s, why in skipped))
 
   def close(self) -> None:
     self._mngr.wait_until_finished()
     self._mngr.close()
 
+  def _step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def _restore_step(self, step: int, abstract_state: FedState) -> FedState:
+    """One step's state; ConfigError if it is another model's, _Unreadable if its data is bad."""
+    like = to_dict(abstract_state)
+    _silence_abandoned_reads()  # before reading: a failed read's echoes arrive at once
+    try:
+      d = self._mngr.restore(step, args=ocp.args.StandardRestore(like))
+    except Exception as e:  # tensorstore raises bare Exceptions
+      if any(isinstance(c, MemoryError) or 'RESOURCE_EXHAUSTED' in str(c) for c in _chain(e)):
+        raise  # the machine, not the checkpoint
+      # Only a structure positively read from the step's metadata decides that the
+      # checkpoint belongs to another config; anything else is unreadable data.
+      diff = _structure_diff(self._step_dir(step), like)
+      if diff:
+        raise self._mismatch(step, diff) from None
+      raise _Unreadable(_reason(e)) from None
+    try:
+      return from_dict(abstract_state, d)
+    except (ValueError, KeyError, TypeError) as e:
+      raise self._mismatch(step, _reason(e)) from None
+
+  def _mismatch(self, step: int, why: str) -> ConfigError:
+    return ConfigError(
+        f'checkpoint {self._step_dir(step)} does not match the config '
+        f'(model, scenario or algorithm changed?): {why}')
+
+
+class _Unreadable(Exception):
+  """A step whose files cannot be read (message: the reason, one short line)."""
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+  """`e` and the exceptions it was raised from, outermost first."""
+  out = [e]
+  while (inner := e.__cause__ or e.__context__) is not None and inner not in out:
+    out.append(inner)
+    e = inner
+  return out
+
+
+def _reason(e: BaseException, limit: int = 200) -> str:
+  """The first line of the innermost cause of `e`, without tensorstore's spec dump."""
+  e = _chain(e)[-1]
+  lines = str(e).strip().splitlines()
+  msg = lines[0].split(' [tensorstore_spec')[0] if lines else ''
+  msg = re.sub(r' (in OCDBT database )?at local file "[^"]*"', '', msg)  # the step names it
+  msg = f'{type(e).__name__}: {msg}' if msg else type(e).__name__
+  return msg if len(msg) <= limit else msg[:limit - 3] + '...'
+
+
+def _silence_abandoned_reads() -> None:
+  """Drop the tracebacks of orbax's abandoned array reads (once per process).
+
+  When one read of a step fails, orbax abandons the others; each re-raises the
+  GeneratorExit that closes it as a new Exception when garbage-collected, which
+  Python prints as 'Exception ignored in: <coroutine ...>' plus a TensorStore
+  spec dump, after the one-line message that already names the step; and
+  TensorStore's callbacks of reads still in flight report 'Event loop is closed'
+  when they complete after orbax closed its event loop.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, '_drops_abandoned_reads', False):
+    return
+
+  def hook(u):
+    code = getattr(u.object, 'cr_code', None)
+    abandoned = (code is not None and code.co_name == _ORBAX_READ
+                 and isinstance(getattr(u.exc_value, '__cause__', None), GeneratorExit))
+    # TensorStore's completion callbacks of those reads, posting to orbax's closed loop.
+    late = (u.object is None and isinstance(u.exc_value, RuntimeError)
+            and str(u.exc_value) == 'Event loop is closed')
+    if not (abandoned or late):
+      previous(u)
+
+  hook._drops_abandoned_reads = True
+  sys.unraisablehook = hook
+  logging.getLogger('asyncio').addFilter(_drop_unretrieved_reads)
+
+
+def _drop_unretrieved_reads(record: logging.LogRecord) -> bool:
+  """asyncio's 'exception was never retrieved' report of an abandoned checkpoint read
+  (orbax's reading coroutine, or the TensorStore read future under it)."""
+  if 'exception was never retrieved' not in record.getMessage() or not record.exc_info:
+    return True
+  e, tb = record.exc_info[1], record.exc_info[2]
+  frames = {f.name for f in traceback.extract_tb(tb)} if tb else set()
+  return not (_ORBAX_READ in frames or 'Error reading' in str(e))
+
+
+def _leaf_shapes(tree: PyTree) -> dict[str, tuple]:
+  """{'a/b/0': shape} of a tree's array leaves (lists and dicts spelled alike)."""
+  def name(k):
+    return str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {'/'.join(name(k) for k in path): tuple(getattr(x, 'shape', ())) for path, x in flat}
+
+
+def _structure_diff(step_dir: str, like: PyTree) -> str:
+  """How the step's stored tree differs from `like` ('' if it matches or is unreadable)."""
+  handler = ocp.StandardCheckpointHandler()
+  try:
+    disk = _leaf_shapes(handler.metadata(epath.Path(step_dir) / 'default').tree)
+  except Exception:  # unreadable metadata: the step is corrupt, not another config's
+    return ''
+  finally:
+    handler.close()
+  want = _leaf_shapes(like)
+  if missing := sorted(set(want) - set(disk)):
+    return f'{len(missing)} arrays missing from the checkpoint, e.g. {missing[0]}'
+  if extra := sorted(set(disk) - set(want)):
+    return f'{len(extra)} arrays not in the config, e.g. {extra[0]}'
+  for k in sorted(want):
+    if want[k] != disk[k]:
+      return f'{k} has shape {disk[k]} in the checkpoint, {want[k]} in the config'
+  return ''
+
+
+def _set_aside(step_dir: str) -> str:
+  """Rename `step_dir` to a free `<step>.unreadable[-n]` next to it; returns the new path."""
+  dest, n = step_dir + UNREADABLE, 1
+  while os.path.exists(dest):
+    n += 1
+    dest = f'{step_dir}{UNREADABLE}-{n}'
+  os.rename(step_dir, dest)
+  return dest

@@ -98,6 +98,7 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collect
   c.delta_m_reference = ''  # workdir of a Local run: results tables get Δm against it
   c.num_devices = 0  # 0: all visible devices
   c.progress = True
+  c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
   # Hyper-parameters of the algorithm wrappers (used when `algorithm` names
   # them, e.g. 'momentum(fedavg)'; see fedjax_mtl/algorithms/__init__.py).
   from fedjax_mtl import algorithms

@@ -16,3 +16,8 @@ def check_choice(kind: str, value, choices: Iterable, where: str = '') -> None:
     raise ConfigError(
         f'unknown {kind} {value!r}{where}; valid choices: '
         + ', '.join(repr(c) for c in choices))
+
+
+class DivergedError(ConfigError):
+  """A round produced non-finite values; reported like bad input (one `error:` line,
+  exit 2), since the cure is a setting (learning rate, data) and the round is not saved."""

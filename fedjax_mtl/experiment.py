@@ -34,7 +34,7 @@ PyTree = Any
 DATA_SOURCES = ('synthetic', 'real')
 # Config fields that do not change what a run computes: they may change
 # between a run and its resumption (dotted names are nested fields).
-RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'eval_edge_ods',
+RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'tensorboard', 'eval_edge_ods',
                     'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
                     'data.cache_dir')
 # XLA:CPU's `cse_barrier_expander` pass drops the optimisation barriers that

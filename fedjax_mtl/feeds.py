@@ -15,7 +15,7 @@ know which feed it drives:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,10 @@ PyTree = Any
 class Feed(Protocol):
   """What the round loop needs from a data source."""
 
-  def run_round(self, state: FedState, rnd: int) -> tuple[FedState, dict]:
-    """Round `rnd` (1-based): local training and aggregation; (new state, device outputs)."""
+  def run_round(self, state: FedState, rnd: int,
+                progress: Callable[[int], None] | None = None) -> tuple[FedState, dict]:
+    """Round `rnd` (1-based): local training and aggregation; (new state, device outputs).
+    `progress(steps)` is called as local steps of a client group finish."""
 
   def eval_outputs(self, state: FedState) -> tuple[list, list]:
     """One pass over every test split: per group, the pooled test statistics (host
@@ -77,8 +79,9 @@ class InMemoryFeed:
     self.agg_fn = _compiled(exp, 'agg_fn', lambda: rounds.make_agg_fn(exp))
     self.eval_fn = _compiled(exp, 'eval_fn', lambda: _make_eval_fn(exp))
 
-  def run_round(self, state, rnd):
-    return rounds.run_round(self.exp, self.train_fns, self.agg_fn, state, self.train_data)
+  def run_round(self, state, rnd, progress=None):
+    return rounds.run_round(self.exp, self.train_fns, self.agg_fn, state, self.train_data,
+                            progress)
 
   def programs(self, state: FedState) -> list[tuple[str, Any, tuple]]:
     """(name, jitted, args) of every program a round and an evaluation call, for
@@ -187,15 +190,17 @@ class StreamedFeed:
             'epoch': jax.device_put(element['epoch'], rep),
             'step': jax.device_put(element['step'], rep)}
 
-  def run_round(self, state, rnd):
+  def run_round(self, state, rnd, progress=None):
     """Chunks are dispatched asynchronously: the host prepares the next chunk
-    while the device trains on the current one."""
+    while the device trains on the current one (`progress` counts a chunk's
+    steps when it is dispatched, so that it never waits for the device)."""
     feed = self._iter()
     groups = list(state.groups)
     start = _copy([gs.params for gs in groups])
     accs = [{'loss_sum': jnp.zeros((g.num_total, g.num_slots), jnp.float32),
              'steps': jnp.zeros((g.num_total,), jnp.int32)} for g in self.exp.fed.groups]
     accs = jax.device_put(accs, self.exp.client_sharding)
+    done = [0] * len(groups)  # steps dispatched per group
     for _ in range(self.train_chunks.per_round):
       el = next(feed)
       if int(el['round']) != rnd - 1:
@@ -207,6 +212,10 @@ class StreamedFeed:
         chunk['x'] = self.augment_fns[g](chunk['x'])
       groups[g], accs[g] = self.chunk_fns[g](groups[g], start[g], accs[g],
                                              chunk, state.rng, state.round)
+      if progress is not None:
+        spec = self.train_chunks.specs[g]
+        progress(min(spec.chunk_steps, spec.num_steps - done[g]))
+        done[g] += spec.chunk_steps
     return rounds.aggregate(self.agg_fn, state.replace(groups=groups), start, accs)
 
   def eval_outputs(self, state):

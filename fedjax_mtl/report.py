@@ -5,12 +5,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
 from fedjax_mtl.tasks import LOWER_IS_BETTER
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
+
+DASH = '–'  # shown for a value that is missing or not finite
 
 
 def atomic_write(path: str, text: str) -> None:
@@ -29,17 +35,35 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def jsonable(x: Any) -> Any:
+  """`x` with numpy/JAX arrays and scalars as Python values and non-finite floats as None."""
+  if isinstance(x, dict):
+    return {k: jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [jsonable(v) for v in x]
+  if hasattr(x, '__array__') and not isinstance(x, (str, bytes)):
+    return jsonable(np.asarray(x).tolist())
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
+
+
+def json_line(row: dict) -> str:
+  """One strict-JSON line (no NaN/Infinity tokens: non-finite values become null)."""
+  return json.dumps(jsonable(row), allow_nan=False) + '\n'
+
+
 def append_jsonl(path: str, rows: Iterable[dict]) -> None:
-  """Append rows to a jsonl file."""
+  """Append rows to a jsonl file as strict JSON."""
+  text = ''.join(json_line(r) for r in rows)  # all rows convert before any is written
   with open(path, 'a') as f:
-    for r in rows:
-      f.write(json.dumps(r) + '\n')
+    f.write(text)
 
 
 def truncate_jsonl(path: str, max_round: int) -> None:
   """Keep only rows of rounds <= max_round (used when resuming a run)."""
   rows = [r for r in read_jsonl(path) if r.get('round', 0) <= max_round]
-  atomic_write(path, ''.join(json.dumps(r) + '\n' for r in rows))
+  atomic_write(path, ''.join(json_line(r) for r in rows))
 
 
 def column_name(row: dict) -> str:
@@ -74,34 +98,216 @@ def _lower(row: dict) -> bool:
   return lower_is_better(row['task'], row['metric'])
 
 
+def _finite(v) -> float | None:
+  """`v` as a float, or None when it is missing or not finite."""
+  if v is None:
+    return None
+  v = float(v)
+  return v if math.isfinite(v) else None
+
+
 def results_table(method: str, eval_rows: list[dict],
                   reference_rows: list[dict] | None = None) -> tuple[str, str]:
   """One-row table (markdown, CSV): one column per client task, Δm last.
 
   Δm (%) is relative to `reference_rows` (the Local run's final eval rows);
-  0 for the `local` method itself, empty when no reference is given.
+  0 for the `local` method itself, empty when no reference is given or a value
+  it needs is missing or not finite (shown as – in markdown, an empty CSV cell).
   """
   from fedjax_mtl.metrics.delta_m import delta_m
   cols = [column_name(r) for r in eval_rows]
-  vals = [f"{r['value']:.4f}" if r['task'] == 'depth' else f"{r['value']:.2f}"
-          for r in eval_rows]
-  dm = ''
+  values = [_finite(r['value']) for r in eval_rows]
+  texts = [DASH if v is None else f'{v:.4f}' if r['task'] == 'depth' else f'{v:.2f}'
+           for r, v in zip(eval_rows, values)]
+  mine = dict(zip(cols, values))
+  dm = None
   if method == 'local':
-    dm = 0.0
+    dm = 0.0 if None not in values else None
   elif reference_rows:
-    mine = {column_name(r): r['value'] for r in eval_rows}
-    ref = {column_name(r): r['value'] for r in reference_rows}
-    lower = {column_name(r): _lower(r) for r in eval_rows}
-    dm = delta_m(mine, ref, lower_is_better=lower)
-  dm_text = f'{dm:.2f}' if dm != '' else '–'
+    ref = {column_name(r): _finite(r['value']) for r in reference_rows}
+    if None not in values and None not in ref.values():
+      lower = {column_name(r): _lower(r) for r in eval_rows}
+      dm = _finite(delta_m(mine, ref, lower_is_better=lower))
+  dm_text = DASH if dm is None else f'{dm:.2f}'
   md = ('| method | ' + ' | '.join(cols) + ' | Δm (%)↑ |\n'
         + '|---' * (len(cols) + 2) + '|\n'
-        + f'| {method} | ' + ' | '.join(vals) + f' | {dm_text} |\n')
+        + f'| {method} | ' + ' | '.join(texts) + f' | {dm_text} |\n')
   buf = io.StringIO()
   w = csv.writer(buf)
   w.writerow(['method'] + cols + ['delta_m'])
-  w.writerow([method] + [r['value'] for r in eval_rows] + [dm])
+  w.writerow([method] + ['' if v is None else v for v in values] + ['' if dm is None else dm])
   return md, buf.getvalue()
+
+
+# ---------------------------------------------------------------------------- plots
+
+_FONT = 7  # legend and tick font size: the plots hold many lines and long client names
+
+
+def _floats(values) -> np.ndarray:
+  """A (nested) list with None as NaN, so matplotlib draws a gap there."""
+  return np.array(values, dtype=np.float64)
+
+
+def _styles(n: int) -> list[tuple[Any, str]]:
+  """(colour, linestyle) for n lines that stay distinguishable past 10 and 20 lines."""
+  from matplotlib import colormaps
+  if n <= 10:
+    return [(colormaps['tab10'](i), '-') for i in range(n)]
+  # tab20's strong tones first, then their light partners: neighbours differ in hue.
+  tab20 = [colormaps['tab20'](i) for i in list(range(0, 20, 2)) + list(range(1, 20, 2))]
+  if n <= 20:
+    return [(tab20[i], '-') for i in range(n)]
+  if n <= 40:
+    return [(tab20[i % 20], '-' if i < 20 else '--') for i in range(n)]
+  turbo = colormaps['turbo']
+  return [(turbo(0.05 + 0.9 * i / (n - 1)), ('-', '--', ':')[i % 3]) for i in range(n)]
+
+
+def _plain_axes(ax, ylabel: str, xlabel: str | None = 'round') -> None:
+  """Labels, integer rounds and plain tick labels (no `1e-5+3.048` offset text)."""
+  from matplotlib.ticker import MaxNLocator
+  ax.set_ylabel(ylabel, fontsize=_FONT + 1)
+  if xlabel:
+    ax.set_xlabel(xlabel, fontsize=_FONT + 1)
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.ticklabel_format(axis='y', style='plain', useOffset=False)
+  ax.tick_params(labelsize=_FONT)
+  ax.grid(alpha=0.3)
+
+
+def _legend_columns(n: int, per_column: int = 20) -> int:
+  """Columns of a figure legend for n entries, at most `per_column` rows high."""
+  return max(1, -(-n // per_column))
+
+
+def _fitting_columns(labels: list[str], width_in: float, most: int = 2) -> int:
+  """Legend columns (up to `most`) whose estimated width fits in `width_in` inches."""
+  entry_in = 0.055 * max(len(l) for l in labels) + 0.5  # text at _FONT pt + handle
+  fits = max(1, int(width_in // entry_in))
+  return max(1, min(most, fits, len(labels)))
+
+
+def curves_figure(rows: list[dict]) -> Figure | None:
+  """The Figure of `curves.png` (None without train rows): one panel per (dataset, task),
+  train loss above and test metric below, one line per client holding that task."""
+  train = [r for r in rows if r.get('type') == 'train']
+  evals = [r for r in rows if r.get('type') == 'eval']
+  if not train:
+    return None
+  from matplotlib.figure import Figure
+  keys = list(dict.fromkeys((r.get('dataset', ''), r['task']) for r in train))
+  ncols = min(len(keys), 5)
+  nrows = -(-len(keys) // ncols)
+  clients_of = {k: list(dict.fromkeys(r['client'] for r in train
+                                      if (r.get('dataset', ''), r['task']) == k))
+                for k in keys}
+  panel_w = 3.1  # inches
+  legend_cols = {k: _fitting_columns(c, panel_w) for k, c in clients_of.items()}
+  most = max(-(-len(c) // legend_cols[k]) for k, c in clients_of.items())
+  legend_in = 0.16 * most + 0.2  # inches below each panel for its legend
+  fig = Figure(figsize=(panel_w * ncols, (4.1 + legend_in) * nrows), layout='constrained')
+  subs = fig.subfigures(nrows, ncols, squeeze=False)
+  for sub in subs.flat[len(keys):]:
+    sub.set_visible(False)
+  for sub, key in zip(subs.flat, keys):
+    dataset, task = key
+    ax_loss, ax_metric = sub.subplots(2, 1, sharex=True)
+    clients = clients_of[key]
+    metric = None
+    for client, (colour, ls) in zip(clients, _styles(len(clients))):
+      mine = [r for r in train if (r.get('dataset', ''), r['task'], r['client']) == (*key, client)]
+      ax_loss.plot([r['round'] for r in mine], _floats([r['loss'] for r in mine]),
+                   color=colour, ls=ls, lw=1.4, label=client)
+      ev = [r for r in evals if (r.get('dataset', ''), r['task'], r['client']) == (*key, client)]
+      if ev:
+        metric = ev[0]['metric']
+        ax_metric.plot([r['round'] for r in ev], _floats([r['value'] for r in ev]),
+                       color=colour, ls=ls, lw=1.2, marker='o', ms=3.5)
+    sub.suptitle(f'{dataset} · {task}' if dataset else task, fontsize=_FONT + 2)
+    _plain_axes(ax_loss, 'train loss', xlabel=None)
+    ax_loss.tick_params(labelbottom=True)
+    if metric is None:
+      ax_metric.text(0.5, 0.5, 'not evaluated yet', ha='center', va='center',
+                     transform=ax_metric.transAxes, fontsize=_FONT, color='0.4')
+      _plain_axes(ax_metric, 'test metric')
+    else:
+      arrow = '↓' if lower_is_better(task, metric) else '↑'
+      _plain_axes(ax_metric, f'test {metric} {arrow}')
+    sub.legend(*ax_loss.get_legend_handles_labels(), loc='outside lower center',
+               ncol=legend_cols[key], fontsize=_FONT, frameon=False,
+               handlelength=2.2, columnspacing=1.0)
+  return fig
+
+
+def hyperweight_figures(rows: list[dict]) -> dict[str, Figure]:
+  """{'alpha': Figure, 'beta': Figure} for the aggregation weights the rule logged:
+  α per client, and β per decoder in one panel per decoder layer."""
+  agg = [r for r in rows if r.get('type') == 'agg']
+  meta = next((r for r in rows if r.get('type') == 'meta'), {})
+  figs = {}
+  alpha_rows = [r for r in agg if r.get('alpha') is not None]
+  if alpha_rows:
+    figs['alpha'] = _alpha_figure(alpha_rows, meta)
+  beta_rows = [r for r in agg if r.get('beta') is not None]
+  if beta_rows:
+    figs['beta'] = _beta_figure(beta_rows, meta)
+  return figs
+
+
+def _alpha_figure(agg: list[dict], meta: dict) -> Figure:
+  from matplotlib.figure import Figure
+  rounds = [r['round'] for r in agg]
+  alpha = _floats([r['alpha'] for r in agg])  # [rounds, N]
+  n = alpha.shape[1]
+  names = meta.get('clients') or [f'client {i}' for i in range(n)]
+  ncol = _legend_columns(n)
+  fig = Figure(figsize=(6.5 + 1.9 * ncol, max(4.0, 0.17 * min(n, 20) + 1.2)),
+               layout='constrained')
+  ax = fig.subplots()
+  for i, (name, (colour, ls)) in enumerate(zip(names, _styles(n))):
+    ax.plot(rounds, alpha[:, i], color=colour, ls=ls, lw=1.4, label=name)
+  _plain_axes(ax, 'α (encoder aggregation weight)')
+  ax.set_title('α per client', fontsize=_FONT + 2)
+  fig.legend(loc='outside right upper', ncol=ncol, fontsize=_FONT, frameon=False,
+             handlelength=2.2)
+  return fig
+
+
+def _beta_figure(agg: list[dict], meta: dict) -> Figure:
+  from matplotlib.figure import Figure
+  rounds = [r['round'] for r in agg]
+  beta = _floats([r['beta'] for r in agg])  # [rounds, K, L]
+  k, layers = beta.shape[1], beta.shape[2]
+  names = meta.get('decoders') or [f'decoder {i}' for i in range(k)]
+  layer_names = meta.get('decoder_layers') or [f'layer {l}' for l in range(layers)]
+  ncols = min(layers, 3)
+  nrows = -(-layers // ncols)
+  ncol = _legend_columns(k)
+  fig = Figure(figsize=(3.3 * ncols + 2.4 * ncol, max(2.8 * nrows, 0.17 * min(k, 20) + 1.2)),
+               layout='constrained')
+  axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True)
+  styles = _styles(k)
+  for l, ax in enumerate(axes.flat):
+    if l >= layers:
+      ax.set_visible(False)
+      continue
+    for i, (name, (colour, ls)) in enumerate(zip(names, styles)):
+      ax.plot(rounds, beta[:, i, l], color=colour, ls=ls, lw=1.2,
+              label=name if l == 0 else None)
+    ax.set_title(layer_names[l], fontsize=_FONT + 1)
+    _plain_axes(ax, 'β' if l % ncols == 0 else '', xlabel='round' if l >= layers - ncols else None)
+    ax.tick_params(labelbottom=True)
+  fig.suptitle('β (decoder aggregation weight) per decoder, one panel per decoder layer',
+               fontsize=_FONT + 2)
+  fig.legend(loc='outside right upper', ncol=ncol, fontsize=_FONT, frameon=False,
+             handlelength=2.2)
+  return fig
+
+
+def _save(fig: Figure, path: str, dpi: int = 120) -> str:
+  fig.savefig(path, dpi=dpi)
+  return path
 
 
 def plot_hyperweights(rows: list[dict], out_dir: str) -> list[str]:
@@ -110,79 +316,11 @@ def plot_hyperweights(rows: list[dict], out_dir: str) -> list[str]:
   Reads the aggregation rows of metrics.jsonl; writes `alpha.png` and
   `beta.png` to `out_dir` when the rule logged them. Returns the written paths.
   """
-  agg = [r for r in rows if r.get('type') == 'agg']
-  written = []
-  if not agg:
-    return written
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  rounds = [r['round'] for r in agg]
-  meta = next((r for r in rows if r.get('type') == 'meta'), {})
-  if 'alpha' in agg[0]:
-    alpha = [r['alpha'] for r in agg]
-    names = meta.get('clients') or [f'client {i}' for i in range(len(alpha[0]))]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, name in enumerate(names):
-      ax.plot(rounds, [a[i] for a in alpha], label=name)
-    ax.set_xlabel('round')
-    ax.set_ylabel('α (encoder aggregation weight)')
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = os.path.join(out_dir, 'alpha.png')
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
-  if 'beta' in agg[0]:
-    beta = [r['beta'] for r in agg]
-    names = meta.get('decoders') or [f'decoder {k}' for k in range(len(beta[0]))]
-    layers = meta.get('decoder_layers') or [f'layer {l}' for l in range(len(beta[0][0]))]
-    fig, axes = plt.subplots(2, (len(layers) + 1) // 2, figsize=(12, 6), squeeze=False)
-    for l, name_l in enumerate(layers):
-      ax = axes.flat[l]
-      for k, name_k in enumerate(names):
-        ax.plot(rounds, [b[k][l] for b in beta], label=name_k)
-      ax.set_title(name_l, fontsize=8)
-      ax.set_xlabel('round')
-    axes.flat[0].set_ylabel('β (decoder aggregation weight)')
-    axes.flat[0].legend(fontsize=5)
-    fig.tight_layout()
-    path = os.path.join(out_dir, 'beta.png')
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
-  return written
+  return [_save(fig, os.path.join(out_dir, f'{name}.png'))
+          for name, fig in hyperweight_figures(rows).items()]
 
 
 def plot_metric_curves(rows: list[dict], out_dir: str) -> str | None:
-  """`curves.png`: per client task, the train loss and the test metric over rounds."""
-  train = [r for r in rows if r.get('type') == 'train']
-  evals = [r for r in rows if r.get('type') == 'eval']
-  if not train:
-    return None
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  keys = list(dict.fromkeys((r['client'], r['task']) for r in train))
-  cols = min(len(keys), 5)
-  nrows = -(-len(keys) // cols)
-  fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.6 * nrows), squeeze=False)
-  for ax, (client, task) in zip(axes.flat, keys):
-    tr = [(r['round'], r['loss']) for r in train if (r['client'], r['task']) == (client, task)]
-    ax.plot(*zip(*tr), color='tab:blue', label='train loss')
-    ax.set_title(f'{client}\n{task}', fontsize=7)
-    ax.set_xlabel('round', fontsize=7)
-    ev = [(r['round'], r['value'], r['metric']) for r in evals
-          if (r['client'], r['task']) == (client, task)]
-    if ev:
-      ax2 = ax.twinx()
-      ax2.plot([e[0] for e in ev], [e[1] for e in ev], 'o-', color='tab:red',
-               label=f'test {ev[0][2]}')
-      ax2.set_ylabel(f'test {ev[0][2]}', fontsize=7, color='tab:red')
-  for ax in list(axes.flat)[len(keys):]:
-    ax.axis('off')
-  fig.tight_layout()
-  path = os.path.join(out_dir, 'curves.png')
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  """`curves.png`: per (dataset, task), every client's train loss and test metric over rounds."""
+  fig = curves_figure(rows)
+  return None if fig is None else _save(fig, os.path.join(out_dir, 'curves.png'), dpi=110)

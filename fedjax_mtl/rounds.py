@@ -5,6 +5,7 @@ part on the shared roles' rows gathered across groups, scattered back.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -127,6 +128,30 @@ def make_chunk_fns(exp: Experiment) -> list:
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
+def finite_rows(tree: PyTree, n: int) -> jax.Array:
+  """[n] bool: every floating value of client row i of `tree` is finite."""
+  ok = [jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+        for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return functools.reduce(jnp.logical_and, ok, jnp.ones(n, bool))
+
+
+def health(metrics: list, trained: list, new: list, server: PyTree) -> dict:
+  """Which clients' round went non-finite, computed on device with the round.
+
+  'loss' [n, slots] per group (the logged training losses), 'params' [n] per
+  group (after local training), 'agg' [n] per group (after aggregation) and
+  'server' (the server state and logs, one flag). One fused read of the
+  params; the host looks at the flags with the round's other outputs.
+  """
+  finite_all = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(server)
+                if jnp.issubdtype(x.dtype, jnp.inexact)]
+  sizes = [m['loss'].shape[0] for m in metrics]
+  return {'loss': [jnp.isfinite(m['loss']) for m in metrics],
+          'params': [finite_rows(p, n) for p, n in zip(trained, sizes)],
+          'agg': [finite_rows(p, n) for p, n in zip(new, sizes)],
+          'server': functools.reduce(jnp.logical_and, finite_all, jnp.bool_(True))}
+
+
 def make_agg_fn(exp: Experiment, streamed: bool = False):
   """Jitted end of a round, `(core, params, start, metrics) -> (core, outputs)`: the
   client part's finalize, the server part over the shared roles, the new rows
@@ -142,7 +167,8 @@ def make_agg_fn(exp: Experiment, streamed: bool = False):
   Gram pass does), and JAX pairs donated inputs with outputs by shape, so a
   donated params tree would cost a full copy of every encoder.
   `metrics` per group: {'loss' [n, slots], 'steps' [n]}, or with `streamed`
-  the chunk accumulators {'loss_sum', 'steps'}.
+  the chunk accumulators {'loss_sum', 'steps'}. The outputs carry the round's
+  `health` flags (non-finite losses, params, aggregation results).
   """
   def agg_fn(core: FedState, params, start, metrics):
     if streamed:
@@ -157,7 +183,10 @@ def make_agg_fn(exp: Experiment, streamed: bool = False):
     new_core = new_state.replace(groups=[
         {'params': gs.params, 'client': gs.client, 'server_rows': gs.server_rows}
         for gs in new_state.groups])
-    return new_core, {'train': metrics, 'agg': logs}
+    written = [[role_view(gs.params, lab, r) for r in exp.algorithm.shared_roles]
+               for gs, lab in zip(new_state.groups, exp.labels)]  # what the server wrote
+    checks = health(metrics, params, written, (new_state.server, logs))
+    return new_core, {'train': metrics, 'agg': logs, 'health': checks}
 
   return jax.jit(agg_fn, donate_argnums=0,
                  out_shardings=(state_shardings(exp), exp.replicated))
@@ -176,13 +205,23 @@ def aggregate(agg_fn, state: FedState, start: list, metrics: list) -> tuple:
   return core.replace(groups=groups), out
 
 
-def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data) -> tuple:
-  """One in-memory round: every group's local training, then the aggregation."""
+def group_steps(exp: Experiment) -> list[int]:
+  """Local steps of each client group's round (its longest client's)."""
+  return [g.local_epochs * (max(g.counts) // exp.config.batch_size) for g in exp.fed.groups]
+
+
+def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data,
+              progress=None) -> tuple:
+  """One in-memory round: every group's local training, then the aggregation.
+  `progress(steps)`, if given, is called as each group finishes (waiting for it)."""
   groups, metrics = [], []
   for g, (spec, fn) in enumerate(zip(exp.fed.groups, train_fns)):
     gs, m = fn(state.groups[g], data[spec.dataset]['train'], state.round, state.rng)
     groups.append(gs)
     metrics.append(m)
+    if progress is not None:
+      jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
+      progress(group_steps(exp)[g])
   start = [gs.params for gs in state.groups]
   return aggregate(agg_fn, state.replace(groups=groups), start, metrics)
 

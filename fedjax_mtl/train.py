@@ -19,12 +19,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
-from fedjax_mtl import evaluate, experiment, feeds, report
+from fedjax_mtl import evaluate, experiment, feeds, progress, report, rounds, validate
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.defaults import base_config
-from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.experiment import (Experiment, build, init_state, run_fields,  # noqa: F401
                                    train_compiler_options)
 from fedjax_mtl.feeds import Feed
@@ -72,6 +71,32 @@ def _meta_row(exp: Experiment) -> dict:
           'decoders': list(exp.fed.decoder_names), 'decoder_layers': list(DECODER_LAYERS)}
 
 
+def divergence(exp: Experiment, rnd: int, health: dict) -> str | None:
+  """One line naming what went non-finite in round `rnd` (host copy of the round's
+  `health` flags, see `rounds.health`), or None when everything is finite."""
+  fed = exp.fed
+
+  def clients(kind):
+    named = []
+    for spec, ok in zip(fed.groups, health[kind]):
+      for j, cid in enumerate(spec.client_ids):
+        c = fed.clients[cid]
+        bad = ([t for s, t in enumerate(c.tasks) if not ok[j, s]] if kind == 'loss'
+               else [] if ok[j] else list(c.tasks))
+        if bad:
+          named.append(f'{c.name} ({", ".join(bad)})')
+    return named
+
+  for kind, what in (('loss', 'training loss'), ('params', 'parameters after local training'),
+                     ('agg', 'aggregated parameters')):
+    named = clients(kind)
+    if named:
+      return f'round {rnd}: non-finite {what} of client {"; ".join(named)}'
+  if not bool(health['server']):
+    return f'round {rnd}: non-finite server state or aggregation weights ({exp.config.algorithm})'
+  return None
+
+
 def _summary(rnd: int, total: int, dt: float, train_rows, eval_rows) -> str:
   loss = np.mean([r['loss'] for r in train_rows])
   line = f'round {rnd}/{total} {dt:6.2f}s | train loss {loss:.4f}'
@@ -94,11 +119,12 @@ def _flat(d: dict, prefix: str = '') -> dict:
   return out
 
 
-def _check_workdir(config, workdir: str) -> None:
-  """Refuse a workdir holding a run with another config (before writing anything)."""
+def config_diffs(config, workdir: str) -> list[str]:
+  """Top-level config fields in which `workdir`'s run (its config.json) differs from
+  `config`, ignoring the fields a resumed run may change ([] when none or no run)."""
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
-    return
+    return []
   with open(path) as f:
     old = _flat(run_fields(f.read()))
   new = _flat(run_fields(config))
@@ -108,7 +134,12 @@ def _check_workdir(config, workdir: str) -> None:
   for k in set(new) - set(old):
     if k in default and new[k] == default[k]:
       old[k] = new[k]
-  diffs = sorted({k.split('.')[0] for k in set(old) | set(new) if old.get(k) != new.get(k)})
+  return sorted({k.split('.')[0] for k in set(old) | set(new) if old.get(k) != new.get(k)})
+
+
+def _check_workdir(config, workdir: str) -> None:
+  """Refuse a workdir holding a run with another config (before writing anything)."""
+  diffs = config_diffs(config, workdir)
   if diffs:
     raise ConfigError(
         f'workdir {workdir!r} holds a run with a different config (fields: '
@@ -121,13 +152,12 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   `stop_after` ends the process after that many completed rounds, as an
   interruption would (used to test resumption).
   """
+  validate.check_run(config, workdir)
   _check_workdir(config, workdir)
   exp = build(config)
   ckpt_dir = os.path.join(workdir, 'checkpoints')
   start = Checkpointer.latest_in(ckpt_dir) or 0
   feed = feeds.make_feed(exp, start)  # opens every data source before anything is written
-  os.makedirs(workdir, exist_ok=True)
-  ckpt = Checkpointer(ckpt_dir)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   timing_path = os.path.join(workdir, 'timing.jsonl')
   abstract = init_state(exp, abstract=True)
@@ -135,49 +165,77 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   if not start and not config.model.get('pretrained_path'):
     jobs.append(('init', experiment.init_program(exp),
                  (jnp.asarray(config.seed, jnp.uint32), None)))
+  total = config.num_rounds
+  eval_rounds = {r for r in range(1, total + 1) if r % config.eval_every == 0 or r == total}
+  prog = progress.Progress(f'{config.algorithm} {exp.fed.num_clients} clients', total, start,
+                           eval_rounds, sum(rounds.group_steps(exp)),
+                           enabled=bool(config.progress))
+  prog.compiling([name for name, _, _ in jobs], jax.config.jax_compilation_cache_dir)
   compile_s = experiment.compile_programs(jobs)
+  prog.compiled(compile_s)
+  state = None if start else init_state(exp)  # may still fail (pretrained weights' shapes)
+  os.makedirs(workdir, exist_ok=True)  # the first write
+  ckpt = Checkpointer(ckpt_dir)
   if start:
-    state = ckpt.restore(abstract)
+    restored, state = ckpt.restore_latest(abstract)  # newer unreadable steps are set aside
+    if restored != start:  # a streamed feed must start from the restored round
+      feed.close()
+      start, feed = restored, feeds.make_feed(exp, restored)
+      prog.start = start
     report.truncate_jsonl(metrics_path, start)
     if os.path.exists(timing_path):
       report.truncate_jsonl(timing_path, start)
   else:
-    state = init_state(exp)
     # A fresh start: rows left by an attempt that never reached a checkpoint go.
     report.atomic_write(metrics_path, '')
     report.atomic_write(timing_path, '')
     report.append_jsonl(metrics_path, [_meta_row(exp)])
   report.append_jsonl(timing_path, [{'round': start, 'compile_s': compile_s}])
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  total = config.num_rounds
-  steps = sum(int(g.local_epochs * (g.counts // config.batch_size).sum()) for g in exp.fed.groups)
-  bar = tqdm(total=total, initial=start, unit='round', disable=not config.progress,
-             desc=f'{config.algorithm} {exp.fed.num_clients} clients {steps} steps/round')
+  sink = None
+  if config.get('tensorboard', False):
+    from fedjax_mtl import sinks  # optional extra
+    sink = sinks.TensorBoardSink(os.path.join(workdir, 'tensorboard'),
+                                 purge_step=start + 1 if start else None)
+    sink.write([r for r in report.read_jsonl(metrics_path) if r.get('type') == 'meta'])
   eval_rows: list[dict] = []
+  diverged = None
   try:
-    for rnd in range(start + 1, total + 1):
-      t0 = time.time()
-      state, out = feed.run_round(state, rnd)  # local training -> aggregation
-      out = jax.device_get(out)  # the one host transfer per round
-      rows = _train_rows(exp, rnd, out['train']) + _agg_rows(rnd, out['agg'])
-      eval_rows = []
-      if rnd % config.eval_every == 0 or rnd == total:
-        eval_rows = [{'round': rnd, 'type': 'eval', **r} for r in run_eval(exp, state, feed)]
-      report.append_jsonl(metrics_path, rows + eval_rows)
-      # Wall times go to their own file: metrics.jsonl stays identical across resumes.
-      report.append_jsonl(timing_path, [{'round': rnd, 'seconds': time.time() - t0,
-                                         'eval': bool(eval_rows)}])
-      if rnd % config.checkpoint_every == 0 or rnd == total:
-        ckpt.save(rnd, state)
-      bar.update(1)
-      tqdm.write(_summary(rnd, total, time.time() - t0,
-                          [r for r in rows if r['type'] == 'train'], eval_rows))
-      if stop_after is not None and rnd >= stop_after:
-        return {'state': state, 'eval': eval_rows, 'interrupted': True}
+    with prog:
+      for rnd in range(start + 1, total + 1):
+        prog.round_start(rnd)
+        state, out = feed.run_round(state, rnd, prog.steps)  # local training -> aggregation
+        out = jax.device_get(out)  # the one host transfer per round
+        diverged = divergence(exp, rnd, out['health'])
+        if diverged:  # the round is not committed: no rows, no checkpoint
+          break
+        rows = _train_rows(exp, rnd, out['train']) + _agg_rows(rnd, out['agg'])
+        eval_rows = []
+        if rnd in eval_rounds:
+          eval_rows = [{'round': rnd, 'type': 'eval', **r} for r in run_eval(exp, state, feed)]
+        report.append_jsonl(metrics_path, rows + eval_rows)
+        if sink is not None:
+          sink.write(rows + eval_rows)
+        if rnd % config.checkpoint_every == 0 or rnd == total:
+          ckpt.save(rnd, state)
+        dt = prog.round_seconds()
+        prog.round_end(rnd, dt, bool(eval_rows), _summary(
+            rnd, total, dt, [r for r in rows if r['type'] == 'train'], eval_rows))
+        # Wall times go to their own file: metrics.jsonl stays identical across resumes.
+        report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt,
+                                           'eval': bool(eval_rows)}])
+        if stop_after is not None and rnd >= stop_after:
+          return {'state': state, 'eval': eval_rows, 'interrupted': True}
   finally:
-    bar.close()
-    ckpt.close()
+    ckpt.close()  # waits for the last save
     feed.close()
+    if sink is not None:
+      sink.close()
+  if diverged:
+    newest = Checkpointer.latest_in(ckpt_dir)
+    raise DivergedError(f'{diverged}; the round was not saved (newest checkpoint: '
+                        f'{f"round {newest}" if newest else "none"}); lower optim.lr '
+                        'or check the data')
   final = [r for r in report.read_jsonl(metrics_path) if r['type'] == 'eval'
            and r['round'] == total]
   all_rows = report.read_jsonl(metrics_path)

@@ -3,6 +3,7 @@ and the vmapped group step against a Python loop over the same clients.
 
     python scripts/bench.py                       # synthetic default config
     python scripts/bench.py --variant=smoke --repeats=2
+    python scripts/bench.py --only=pipeline       # training input pipeline alone at 512x512
     python scripts/bench.py --only=hca2           # FedHCA2 aggregation at paper scale
     python scripts/bench.py --only=swin           # Swin-T local step, 128 and 224, batch 8
     python scripts/bench.py --only=swin_memory    # Swin-T step memory at 512, fp32/bf16 x remat
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import feeds, hostmem, local, train
+from fedjax_mtl import cpu_isa, feeds, hostmem, local, train
 from fedjax_mtl.experiment import compile_programs
 from fedjax_mtl.defaults import base_config
 from compare_torch import serve
@@ -745,33 +746,53 @@ SERVE = {
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--variant', default='default', help="config variant: default|smoke|paper")
-  p.add_argument('--repeats', type=int, default=3)
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--variant', default='default',
+                 help='config variant of the engine and algorithm benchmarks: default, smoke '
+                      'or paper (default: %(default)s)')
+  p.add_argument('--repeats', type=int, default=3,
+                 help='timed calls per measurement after compilation; the best is reported '
+                      '(default: %(default)s)')
   p.add_argument('--only', default='all',
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
-                          'algorithms', 'rules', 'engine_agg', 'augment', 'all'])
+                          'algorithms', 'rules', 'engine_agg', 'augment', 'all'],
+                 help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
+                      'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
-                 help='--only=algorithms: comma-separated algorithm configs to time')
-  p.add_argument('--rules', default='', help='--only=rules: comma-separated names of RULES '
-                                             '(default: all)')
+                 help='--only=algorithms: comma-separated algorithm configs to time '
+                      '(default: %(default)s)')
+  p.add_argument('--rules', default='',
+                 help='--only=rules: comma-separated server rules to time, of: '
+                      + ', '.join(RULES).replace('%', '%%') + ' (default: all)')
   p.add_argument('--scenarios', default='1c,4c',
-                 help='--only=engine_agg: comma-separated scenarios (1c, 2c, 4c)')
-  p.add_argument('--mfu_resolution', type=int, default=512)
-  p.add_argument('--mfu_dtype', default='bfloat16', choices=['bfloat16', 'float32'])
-  p.add_argument('--mfu_remat', action='store_true')
+                 help='--only=engine_agg: comma-separated scenarios of 1c, 2c, 4c '
+                      '(default: %(default)s)')
+  p.add_argument('--mfu_resolution', type=int, default=512,
+                 help='--only=mfu: input height and width of the Swin-T step '
+                      '(default: %(default)s)')
+  p.add_argument('--mfu_dtype', default='bfloat16', choices=['bfloat16', 'float32'],
+                 help='--only=mfu: compute dtype of the step (default: %(default)s)')
+  p.add_argument('--mfu_remat', action='store_true',
+                 help='--only=mfu: recompute activations in the backward pass '
+                      '(jax.checkpoint) instead of storing them')
   p.add_argument('--peak_tflops', type=float, default=0.0,
-                 help="the device's peak for --only=mfu (default: known accelerators' bf16 peak)")
-  p.add_argument('--json', default='', help='also write the results to this file')
+                 help="--only=mfu: the device's peak TFLOP/s that MFU divides by (default: "
+                      "the bf16 peak of a known accelerator: H100, H200, A100; none on CPU)")
+  p.add_argument('--json', default='', help='also write the results to this JSON file')
   p.add_argument('--reuse_host_memory', action=argparse.BooleanOptionalAction, default=True,
                  help='keep freed host memory mapped on CPU-only runs (fedjax_mtl.hostmem), '
                       'as fedjax_mtl.main does by default')
+  p.add_argument('--cpu_isa', default='AVX2', choices=cpu_isa.ISAS,
+                 help="cap XLA:CPU's code generation (fedjax_mtl.cpu_isa), as fedjax_mtl.main "
+                      "does by default; 'native': the host's widest vector instructions")
   p.add_argument('--serve', default='', choices=['', *SERVE],
                  help='build one workload, then time one call per stdin line '
-                      '(for scripts/compare_torch.py)')
+                      '(for scripts/compare_torch.py); empty: benchmark as --only says')
   a = p.parse_args(argv)
   # Before anything runs on a backend.
   reuse = a.reuse_host_memory and hostmem.reuse_freed_memory()
+  cpu_isa.pin(a.cpu_isa)
   if a.serve:
     serve(SERVE[a.serve])
     return {}

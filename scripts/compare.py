@@ -6,11 +6,13 @@
         --run "enc-only=configs/hca2.py hca2.decoder_agg=none"
 
 Each `--run` is `NAME=CONFIG[:ARG] [field=value ...]` (overrides as dotted
-config fields). Runs go to OUT/NAME/seed<S> (finished runs are read back, not
-redone; interrupted ones resume). The table has one row per method, one column
-per client task (final round, mean ± std over seeds), Δm against the run
-named by --reference (default `local`) and the median seconds per round
-(rounds after the first, without evaluation), written to OUT/comparison.md and .csv.
+config fields). Runs go to OUT/NAME/seed<S>: a finished run of the same config
+is read back, not redone; an interrupted one resumes; a folder holding a run of
+another config stops the script before anything runs, unless --rerun_changed
+moves it aside. The table has one row per method, one column per client task
+(final round, mean ± std over seeds), Δm against the run named by --reference
+(default `local`) and the median seconds per round (rounds after the first,
+without evaluation), written to OUT/comparison.md and .csv.
 """
 
 from __future__ import annotations
@@ -18,44 +20,109 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
-import importlib.util
+import difflib
 import io
 import os
 import sys
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from fedjax_mtl import report
+from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.metrics.delta_m import delta_m
 
+
+def _one_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return f'{type(e).__name__}: {lines[0]}' if lines else type(e).__name__
+
+
+def _parse_value(raw: str, old, field: str):
+  """`raw` as a value of the type of the field's current value `old`."""
+  if isinstance(old, str):
+    return raw
+  if isinstance(old, bool):
+    words = {'1': True, 'true': True, 'yes': True, '0': False, 'false': False, 'no': False}
+    if raw.lower() not in words:
+      raise ConfigError(f'{field}={raw}: expected true or false like the default {old}')
+    return words[raw.lower()]
+  try:
+    value = ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    if old is None:
+      return raw  # a None default takes any value; unquoted words are strings
+    raise ConfigError(f'{field}={raw}: not a Python literal; expected '
+                      f'{type(old).__name__} like the default {old!r}') from None
+  if old is None:
+    return value
+  if isinstance(old, int) and isinstance(value, float) and not value.is_integer():
+    raise ConfigError(f'{field}={raw}: expected int like the default {old!r}')
+  try:
+    return type(old)(value)
+  except (TypeError, ValueError):
+    raise ConfigError(f'{field}={raw}: expected {type(old).__name__} '
+                      f'like the default {old!r}') from None
+
+
+def _field_names(node, prefix: str = '') -> list[str]:
+  """Dotted names of every field (nested dicts included) of a config."""
+  names = []
+  for k, v in node.items():
+    names.append(prefix + k)
+    if hasattr(v, 'items'):
+      names += _field_names(v, f'{prefix}{k}.')
+  return names
+
+
+def _unknown_field(cfg, key: str) -> ConfigError:
+  """The error for an override of a field `cfg` lacks: near names, else the valid ones."""
+  parent, _, last = key.rpartition('.')
+  node = cfg
+  for p in parent.split('.') if parent else []:
+    node = node[p] if hasattr(node, 'items') and p in node else None
+  if hasattr(node, 'items'):  # the parent exists: suggest among its fields
+    prefix = parent + '.' if parent else ''
+    near = [prefix + n for n in difflib.get_close_matches(last, list(node), n=3)]
+    valid = f'fields of {parent}: ' if parent else 'top-level fields: '
+    valid += ', '.join(sorted(node))
+  else:
+    near = difflib.get_close_matches(key, _field_names(cfg), n=3)
+    valid = 'top-level fields: ' + ', '.join(sorted(cfg))
+  hint = f'did you mean {" or ".join(near)}?' if near else valid
+  return ConfigError(f'unknown config field {key!r}; {hint}')
+
+
 def load_config(spec: str):
-  """`configs/x.py[:arg] field=value ...` -> ConfigDict."""
+  """`configs/x.py[:arg] field=value ...` -> ConfigDict; ConfigError (one line) when
+  the file, its get_config, a field name or a value is wrong."""
+  if not spec.split():
+    raise ConfigError('empty config spec; expected CONFIG[:ARG] [field=value ...]')
+  from fedjax_mtl import config_doc
   path, *overrides = spec.split()
-  path, _, arg = path.partition(':')
-  mod_spec = importlib.util.spec_from_file_location('_cfg', path)
-  mod = importlib.util.module_from_spec(mod_spec)
-  mod_spec.loader.exec_module(mod)
-  cfg = mod.get_config(arg or None)
+  cfg = config_doc.load_config(path)
   for item in overrides:
-    key, _, raw = item.partition('=')
+    key, eq, raw = item.partition('=')
+    if not eq or not key:
+      raise ConfigError(f'override {item!r}: expected field=value')
     node = cfg
     *parents, last = key.split('.')
     for p in parents:
+      if not hasattr(node, 'items') or p not in node:
+        raise _unknown_field(cfg, key)
       node = node[p]
-    old = node[last]
-    if isinstance(old, str):
-      node[last] = raw
-    elif isinstance(old, bool):
-      node[last] = raw.lower() in ('1', 'true', 'yes')
-    else:
-      node[last] = type(old)(ast.literal_eval(raw))
+    if not hasattr(node, 'items') or last not in node:
+      raise _unknown_field(cfg, key)
+    node[last] = _parse_value(raw, node[last], key)
   return cfg
 
 
 def final_metrics(workdir: str) -> dict[str, float]:
   """{'client/task metric': value} of the last evaluated round of a run."""
   rows = report.final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
-  return {f"{r['client']}/{r['task']} {r['metric']}": r['value'] for r in rows}
+  # metrics.jsonl writes a non-finite value as null: NaN here, '–' in the table.
+  return {f"{r['client']}/{r['task']} {r['metric']}":
+          float('nan') if r['value'] is None else r['value'] for r in rows}
 
 
 def _lower(key: str) -> bool:
@@ -82,6 +149,8 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
 
   def fmt(vals):
     vals = np.asarray(vals, np.float64)
+    if not np.isfinite(vals).all():
+      return '–'
     return f'{vals.mean():.2f}' if len(vals) == 1 else f'{vals.mean():.2f} ± {vals.std():.2f}'
 
   for name, runs in results.items():
@@ -99,41 +168,108 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
   return md.getvalue(), buf.getvalue()
 
 
+class Run(NamedTuple):
+  """One method and seed of the comparison, planned before anything runs."""
+  name: str
+  spec: str
+  seed: int
+  workdir: str
+  config: Any
+  action: str  # 'reuse' (finished, same config), 'run' (new or resumed) or 'replace'
+  diffs: list  # config fields in which the run already in `workdir` differs
+
+
+def _aside(wd: str) -> str:
+  """A free `<wd>.replaced-<n>` for a run folder that another config's run replaces."""
+  n = 1
+  while os.path.exists(f'{wd}.replaced-{n}'):
+    n += 1
+  return f'{wd}.replaced-{n}'
+
+
+def plan_runs(run_args: list[str], seeds: list[int], out: str,
+              rerun_changed: bool = False) -> list[Run]:
+  """Every run of the comparison, checked before anything runs: ConfigError (one line)
+  for a bad --run, or for a folder holding another config's run unless `rerun_changed`."""
+  from fedjax_mtl import train, validate  # imports jax
+  plan, names = [], set()
+  for item in run_args:
+    name, eq, spec = item.partition('=')
+    if not eq or not name or not spec.strip():
+      raise ConfigError(f'--run {item!r}: expected NAME=CONFIG[:ARG] [field=value ...]')
+    if name in names:
+      raise ConfigError(f'--run {name!r} is given twice; each method needs its own name')
+    names.add(name)
+    for seed in seeds:
+      try:
+        cfg = load_config(spec)
+      except ConfigError as e:
+        raise ConfigError(f'--run {name}: {e}') from None
+      cfg.seed = seed
+      cfg.progress = False
+      try:
+        validate.check_config(cfg)
+      except ConfigError as e:
+        raise ConfigError(f'--run {name}: {e}') from None
+      wd = os.path.join(out, name, f'seed{seed}')
+      diffs = train.config_diffs(cfg, wd)
+      if diffs and not rerun_changed:
+        raise ConfigError(
+            f'{wd} holds a run of {name} seed {seed} with another config (fields: '
+            f'{", ".join(diffs)}); --rerun_changed moves it aside and runs again')
+      finished = os.path.exists(os.path.join(wd, 'results.csv'))
+      action = 'replace' if diffs else 'reuse' if finished else 'run'
+      plan.append(Run(name, spec, seed, wd, cfg, action, diffs))
+  return plan
+
+
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--out', required=True)
-  p.add_argument('--run', action='append', required=True, help='NAME=CONFIG[:ARG] [k=v ...]')
+  p = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--out', required=True, help='output folder: OUT/NAME/seed<S> per run, '
+                 'OUT/comparison.md and OUT/comparison.csv')
+  p.add_argument('--run', action='append', required=True,
+                 help='one method: NAME=CONFIG[:ARG] [field=value ...] (repeat per method)')
   p.add_argument('--seeds', default='0', help='comma-separated training seeds')
   p.add_argument('--reference', default='local', help='run name Δm is relative to')
+  p.add_argument('--rerun_changed', action='store_true',
+                 help='a run folder holding a run of another config is moved to '
+                      '<folder>.replaced-<n> and run again (default: stop with an error)')
   p.add_argument('--xla_cache_dir', default='~/.cache/fedjax_mtl/xla',
                  help="persistent XLA compilation cache, as fedjax_mtl.main ('none': off); "
                       'seeds after the first reuse the compiled programs')
   a = p.parse_args(argv)
+  try:
+    return _compare(a)
+  except ConfigError as e:
+    print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def _compare(a: argparse.Namespace) -> dict:
+  """main() after argument parsing; ConfigError for bad input."""
+  try:
+    seeds = [int(s) for s in a.seeds.split(',')]
+  except ValueError:
+    raise ConfigError(f'--seeds={a.seeds}: expected comma-separated integers, e.g. 0,1') from None
   import jax
   if a.xla_cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     jax.config.update('jax_compilation_cache_dir', os.path.expanduser(a.xla_cache_dir))
   from fedjax_mtl import train  # after argument parsing: imports jax
-  seeds = [int(s) for s in a.seeds.split(',')]
-  runs = []
-  for item in a.run:
-    name, _, spec = item.partition('=')
-    if not spec:
-      p.error(f'--run {item!r}: expected NAME=CONFIG')
-    runs.append((name, spec))
   results: dict[str, list[dict[str, float]]] = {}
   seconds: dict[str, list[float]] = {}
-  for name, spec in runs:
-    for seed in seeds:
-      cfg = load_config(spec)
-      cfg.seed = seed
-      cfg.progress = False
-      wd = os.path.join(a.out, name, f'seed{seed}')
-      if not os.path.exists(os.path.join(wd, 'results.csv')):
-        print(f'== {name} seed {seed}: {spec}', flush=True)
-        train.train_and_evaluate(cfg, wd)
-      results.setdefault(name, []).append(final_metrics(wd))
-      seconds.setdefault(name, []).append(
-          report.seconds_per_round(os.path.join(wd, 'timing.jsonl')))
+  for run in plan_runs(a.run, seeds, a.out, a.rerun_changed):
+    if run.action == 'replace':
+      old = _aside(run.workdir)
+      os.rename(run.workdir, old)
+      print(f'== {run.name} seed {run.seed}: config changed (fields: {", ".join(run.diffs)}); '
+            f'the old run is now {old}', flush=True)
+    if run.action != 'reuse':
+      print(f'== {run.name} seed {run.seed}: {run.spec}', flush=True)
+      train.train_and_evaluate(run.config, run.workdir)
+    results.setdefault(run.name, []).append(final_metrics(run.workdir))
+    seconds.setdefault(run.name, []).append(
+        report.seconds_per_round(os.path.join(run.workdir, 'timing.jsonl')))
   md, csv_text = comparison_table(results, a.reference, seconds)
   os.makedirs(a.out, exist_ok=True)
   report.atomic_write(os.path.join(a.out, 'comparison.md'), md)
@@ -143,6 +279,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
-  from fedjax_mtl import hostmem
+  from fedjax_mtl import cpu_isa, hostmem
   hostmem.reuse_freed_memory()  # as fedjax_mtl.main does on CPU-only runs
+  cpu_isa.pin('AVX2')  # the same kernels on every AVX2 host (fedjax_mtl.cpu_isa)
   main(sys.argv[1:])

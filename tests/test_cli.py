@@ -6,6 +6,7 @@ choices, a non-zero exit code, and leave an existing workdir untouched.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,8 +42,10 @@ def test_smoke_run_prints_progress_and_summaries(tmp_path):
   wd = tmp_path / 'wd'
   r = run_main('--config=configs/local.py:smoke', workdir=wd)
   assert r.returncode == 0, r.stderr[-2000:]
-  # tqdm bar on stderr: algorithm, clients, steps per round, rate / ETA.
-  assert 'local 5 clients' in r.stderr and 'steps/round' in r.stderr and '<' in r.stderr
+  # stderr: the compile phase, then the rounds bar (algorithm, clients, rounds, ETA).
+  assert re.search(r'^compiling 5 programs \(train pascal x4, .*\); cached in ', r.stderr, re.M)
+  assert re.search(r'^compiled in [\d.]+s \(train pascal x4 [\d.]+s, ', r.stderr, re.M)
+  assert 'local 5 clients' in r.stderr and '3/3 rounds' in r.stderr and 'done]' in r.stderr
   lines = [l for l in r.stdout.splitlines() if l.startswith('round ')]
   assert [l.split()[1] for l in lines] == ['1/3', '2/3', '3/3']
   assert 'train loss' in lines[0] and 'eval' in lines[1] and 'mIoU' in lines[1]

@@ -52,13 +52,14 @@ def ref_confusion(logits, labels, num_classes):
   return conf
 
 
-def ref_max_f(logits, labels, beta2=0.3):
+def ref_max_f(logits, labels, beta2=0.3, positive=np.greater_equal):
+  """The released SaliencyMeter: a pixel is predicted salient when P >= threshold."""
   prob = _softmax(logits[..., :2])[..., 1]
   valid = labels != 255
   prob, gt = prob[valid], labels[valid] == 1
   best = 0.
   for k in range(1, 20):  # thresholds 0.05, 0.10, ..., 0.95
-    pred = prob > k / 20.
+    pred = positive(prob, k / 20.)
     tp = np.sum(pred & gt)
     pp, ap = np.sum(pred), np.sum(gt)
     prec = tp / pp if pp else 0.
@@ -230,9 +231,27 @@ def test_saliency_stats_ignore_255_and_count_per_threshold():
   s = stats('sal', logits, lab, 2)
   th = dense.SAL_THRESHOLDS
   valid_p, valid_gt = p1[[0, 1, 3]], np.array([1, 0, 1], bool)
-  np.testing.assert_array_equal(s['pp'], [(valid_p > t).sum() for t in th])
-  np.testing.assert_array_equal(s['tp'], [((valid_p > t) & valid_gt).sum() for t in th])
+  np.testing.assert_array_equal(s['pp'], [(valid_p >= t).sum() for t in th])
+  np.testing.assert_array_equal(s['tp'], [((valid_p >= t) & valid_gt).sum() for t in th])
   assert float(s['ap']) == 2.
+
+
+def test_saliency_counts_a_probability_equal_to_a_threshold_as_positive():
+  # Equal logits give P(salient) = 0.5 exactly, a threshold: the released evaluation
+  # (`preds >= thresh`) counts those pixels as predicted salient.
+  lab = np.array([[[1, 1, 1, 1, 1, 0, 255, 0, 0]]], np.uint8)
+  p1 = np.array([.5, .5, .5, .5, .93, .47, .5, .32, .07])
+  logits = np.stack([np.zeros(9), np.log(p1 / (1 - p1))], -1)[None, None].astype(np.float32)
+  assert np.all(np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))[0, 0, [0, 1, 2, 3, 6], 1]
+                == 0.5)
+  s = stats('sal', logits, lab, 2)
+  half = list(dense.SAL_THRESHOLDS).index(0.5)
+  assert (s['pp'][half], s['tp'][half]) == (5., 5.)  # the four ties and 0.93
+  got = dense.finalize('sal', s)
+  ge, gt = ref_max_f(logits, lab), ref_max_f(logits, lab, positive=np.greater)
+  assert got == pytest.approx(ge, rel=1e-6) and ge == pytest.approx(100.)
+  # With P > t the ties drop out at 0.5, and 0.45 also admits the non-salient 0.47.
+  assert gt == pytest.approx(100. * 1.3 * (5 / 6) / (.3 * 5 / 6 + 1))
 
 
 def test_normals_error_known_angles():

@@ -234,13 +234,24 @@ def test_workdir_outputs(fedavg_run):
   assert os.path.getsize(os.path.join(wd, 'curves.png')) > 5000
 
 
-def test_resume_is_bitwise_identical(fedavg_run, tmp_path):
+def test_resume_is_bitwise_identical_also_past_a_corrupt_newest_checkpoint(
+    fedavg_run, tmp_path, capsys):
   wd_full, full = fedavg_run
   cfg = tiny_config('fedavg')
   wd = str(tmp_path / 'resumed')
-  part = train.train_and_evaluate(cfg, wd, stop_after=1)
+  part = train.train_and_evaluate(cfg, wd, stop_after=2)
   assert part['interrupted']
+  # The newest step (2) loses data: the run says so and resumes from step 1.
+  step2 = os.path.join(wd, 'checkpoints', '2')
+  files = [os.path.join(r, f) for r, _, fs in os.walk(step2) for f in fs]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, 'r+b') as f:
+    f.truncate(os.path.getsize(largest) // 2)
+  capsys.readouterr()
   resumed = train.train_and_evaluate(cfg, wd)
+  err = capsys.readouterr().err
+  assert f'checkpoint {step2} is unreadable (' in err and 'resuming from step 1' in err
+  assert os.path.isdir(step2 + '.unreadable')
   for a, b in zip(jax.tree.leaves(_np(full['state'])), jax.tree.leaves(_np(resumed['state']))):
     np.testing.assert_array_equal(a, b)
   strip = lambda rows: [{k: v for k, v in r.items()} for r in rows]

@@ -1,9 +1,13 @@
 """README commands, CI script and the benchmark script."""
 
+import argparse
+import importlib
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
@@ -70,3 +74,23 @@ def test_bench_mfu_counts_model_flops_of_the_step():
   if jax.devices()[0].platform == 'cpu':
     assert bench.bench_mfu(32, batch=1, encoder='swin_nano', dtype='float32',
                            repeats=1)['peak_tflops'] == 0.0
+
+
+@pytest.mark.parametrize('script', ['bench', 'compare'])
+def test_script_help_prints_the_whole_description_and_explains_every_flag(
+    script, monkeypatch, capsys):
+  module = importlib.import_module(script)
+  parsers = []
+  parse = argparse.ArgumentParser.parse_args
+
+  def keep(self, *args, **kwargs):
+    parsers.append(self)
+    return parse(self, *args, **kwargs)
+
+  monkeypatch.setattr(argparse.ArgumentParser, 'parse_args', keep)
+  with pytest.raises(SystemExit) as e:
+    module.main(['--help'])
+  assert e.value.code == 0
+  out = ' '.join(capsys.readouterr().out.split())
+  assert ' '.join(module.__doc__.split()) in out  # not cut after its first line
+  assert [a.dest for a in parsers[0]._actions if not a.help] == []

@@ -5,6 +5,7 @@ pooled over the whole split (not averaged per image).
 - semseg / human_parts mIoU: per-class TP/(TP+FP+FN) from a pooled confusion
   matrix, classes with zero union count as 0 and are averaged in; ignore 255.
 - sal maxF: F_beta with beta^2 = 0.3 at thresholds 0.05..0.95 on P(salient),
+  a pixel predicted positive when P >= t (the released code's `preds >= thresh`),
   TP / predicted-positive / actual-positive pooled; max over thresholds.
 - normals mErr: mean angle 2*atan2(|p-g|, |p+g|) in degrees over valid pixels.
 - depth RMSE: valid 0 < gt < 80, predictions clamped >= 0.
@@ -34,12 +35,12 @@ def confusion_stats(logits: jax.Array, labels: jax.Array, num_classes: int) -> d
 
 
 def saliency_stats(logits: jax.Array, labels: jax.Array) -> dict:
-  """TP, predicted and actual positives per threshold, over valid pixels."""
+  """TP, predicted (P >= threshold) and actual positives per threshold, over valid pixels."""
   prob = jax.nn.softmax(logits[..., :2].astype(jnp.float32), -1)[..., 1]
   valid = labels != IGNORE
   gt = (labels == 1) & valid
   th = jnp.asarray(SAL_THRESHOLDS, jnp.float32)
-  pred = (prob[..., None] > th) & valid[..., None]
+  pred = (prob[..., None] >= th) & valid[..., None]
   axes = tuple(range(prob.ndim))
   return {'tp': jnp.sum(pred & gt[..., None], axes).astype(jnp.float32),
           'pp': jnp.sum(pred, axes).astype(jnp.float32),

@@ -1,0 +1,81 @@
+"""Every field of a config with its default and meaning.
+
+    python -m fedjax_mtl.config_doc configs/hca2.py[:arg]   # that config's fields
+    python -m fedjax_mtl.config_doc                         # all fields, every block
+
+Prints `name = default  # meaning (valid range)` per field; the meanings and
+ranges are `validate.FIELDS`, the table the run is validated with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from fedjax_mtl import validate
+from fedjax_mtl.errors import ConfigError
+
+
+def load_config(spec: str):
+  """The config of `path[:arg]` as `--config` loads it (`get_config(arg)`, or
+  `get_config()` without an arg), unlocked; ConfigError (one line) when the file is
+  missing or its get_config fails."""
+  path, *arg = spec.split(':', 1)
+  if not os.path.isfile(path):
+    raise ConfigError(f'config file {path!r} does not exist; e.g. --config=configs/hca2.py')
+  one_line = lambda e: ' '.join(f'{type(e).__name__}: {e}'.split())
+  try:
+    module_spec = importlib.util.spec_from_file_location('fedjax_mtl_config', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+  except Exception as e:  # noqa: BLE001 - any failure of the user's config file
+    raise ConfigError(f'cannot load config file {path!r}: {one_line(e)}') from None
+  if not callable(getattr(module, 'get_config', None)):
+    raise ConfigError(f'config file {path!r} defines no get_config(arg)')
+  try:
+    config = module.get_config(*arg)
+  except Exception as e:  # noqa: BLE001 - e.g. an unknown variant name
+    raise ConfigError(f'cannot load config {spec!r}: {one_line(e)}') from None
+  if not hasattr(config, 'items'):
+    raise ConfigError(f'config {spec!r}: get_config() returned {config!r}, not a ConfigDict')
+  return config
+
+
+def _line(name: str, value) -> str:
+  field = validate.FIELDS.get(name)
+  if field is None:
+    return f'{name} = {validate.show(value)}  # (undocumented)'
+  extra = ''
+  if field.rule is not None:
+    extra = ' (' + field.rule.text.format(name=name.rsplit('.', 1)[-1]) + ')'
+  elif field.choices is not None:
+    extra = ' (one of ' + ', '.join(map(repr, field.choices())) + ')'
+  return f'{name} = {validate.show(value)}  # {field.meaning}{extra}'
+
+
+def describe(config) -> str:
+  """`name = default  # meaning (range)` for every field of `config`."""
+  return '\n'.join(_line(n, v) for n, v in sorted(validate.leaves(config).items())) + '\n'
+
+
+def describe_all() -> str:
+  """Every documented field with its default: the base config and every algorithm block."""
+  return '\n'.join(_line(n, v) for n, v in sorted(validate.defaults().items())) + '\n'
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 2 or any(a.startswith('-') for a in argv[1:]):
+    print(__doc__, file=sys.stderr)
+    return 2
+  try:
+    text = describe(load_config(argv[1])) if len(argv) == 2 else describe_all()
+  except ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  sys.stdout.write(text)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv))
