@@ -27,11 +27,17 @@ import argparse
 import json
 import sys
 import time
+import types
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+
+try:
+  import torch
+  import torch.nn.functional as F
+  from torch import nn
+except ImportError:  # an optional extra: --help works without it, main() names it after parsing
+  torch = F = None
+  nn = types.SimpleNamespace(Module=object)  # so that the model classes below still define
 
 from compare_torch import serve
 
@@ -449,17 +455,24 @@ SERVE = {
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--only', default='all', choices=['swin', 'hca2', 'all'])
-  p.add_argument('--repeats', type=int, default=3)
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--only', default='all', choices=['swin', 'hca2', 'all'],
+                 help='workloads to time: swin (Swin-T local step at 128 and 224), hca2 '
+                      '(FedHCA2 aggregation) or all (default: %(default)s)')
+  p.add_argument('--repeats', type=int, default=3,
+                 help='timed calls per workload; the fastest is reported (default: %(default)s)')
   p.add_argument('--threads', type=int, default=None,
                  help='torch intra-op threads (default: torch\'s choice, the core count)')
   p.add_argument('--serve', default='', choices=['', *SERVE],
-                 help='build one workload, then time one call per stdin line')
+                 help='build one workload, print "ready", then time one call per stdin line '
+                      '(the worker side of scripts/compare_torch.py)')
   p.add_argument('--dump_swin', default='',
                  help='write a randomised Swin-T state dict and its stage outputs to this '
                       '.npz (for scripts/compare_torch.py --check_swin) and exit')
   a = p.parse_args(argv)
+  if torch is None:
+    raise SystemExit('error: scripts/bench_torch.py needs torch (pip install torch, CPU wheel)')
   if a.dump_swin:
     return dump_swin(a.dump_swin)
   if a.threads:

@@ -135,16 +135,21 @@ def check_swin(torch_python, tol=1e-4):
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--torch_python', required=True, help='a Python interpreter with torch')
-  p.add_argument('--workloads', nargs='+', default=list(WORKLOADS), choices=WORKLOADS)
-  p.add_argument('--rounds', type=int, default=8)
+  p.add_argument('--workloads', nargs='+', default=list(WORKLOADS), choices=WORKLOADS,
+                 help=f'workloads to time, one after the other (default: {" ".join(WORKLOADS)})')
+  p.add_argument('--rounds', type=int, default=8,
+                 help='timed calls per side and workload, the order alternating every round '
+                      '(default: %(default)s)')
   p.add_argument('--check_swin', action='store_true',
                  help='check Swin-T stage outputs with converted weights instead of timing')
-  p.add_argument('--tol', type=float, default=1e-4, help='relative error bound of --check_swin')
+  p.add_argument('--tol', type=float, default=1e-4, help='relative error bound of --check_swin (default: %(default)s)')
   p.add_argument('--json', default='', help='also write the results to this file')
   p.add_argument('--jax_args', nargs=argparse.REMAINDER, default=[],
-                 help='passed on to bench.py --serve')
+                 help='passed on to bench.py --serve; put it last, as it takes everything '
+                      'after it')
   a = p.parse_args(argv)
   results = (check_swin(a.torch_python, a.tol) if a.check_swin else
              [compare(w, a.torch_python, a.rounds, a.jax_args) for w in a.workloads])

@@ -53,10 +53,15 @@ def compare(workload: str, old: str, rounds: int) -> dict:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--old', required=True, help='root of the other checkout')
-  p.add_argument('--workloads', nargs='+', default=['hca2', 'swin_t_224'])
-  p.add_argument('--rounds', type=int, default=8)
+  p.add_argument('--workloads', nargs='+', default=['hca2', 'swin_t_224'],
+                 help='bench.py SERVE workloads to time, each present in both checkouts '
+                      '(default: hca2 swin_t_224)')
+  p.add_argument('--rounds', type=int, default=8,
+                 help='timed calls per checkout and workload, the order flipped every round '
+                      '(default: %(default)s)')
   p.add_argument('--json', default='', help='also write the results to this file')
   a = p.parse_args(argv)
   results = [compare(w, os.path.abspath(a.old), a.rounds) for w in a.workloads]

@@ -23,7 +23,8 @@ except ImportError:  # running from a source checkout without `pip install -e .`
 
 def main(argv: list[str] | None = None) -> int:
   """CLI entry point."""
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--input', required=True, help='.pth/.pt/.safetensors/.npz checkpoint')
   parser.add_argument('--model', required=True, choices=sorted(swin.MODELS), help='Swin variant')
   parser.add_argument('--output', required=True, help='output .npz path')
