@@ -29,3 +29,13 @@ def tiny_config(algorithm: str = 'fedavg', **overrides):
       node = node[p]
     node[last] = v
   return c
+
+
+def snapshot(d):
+  """{relative path: bytes} of every file under d."""
+  out = {}
+  for root, _, files in os.walk(d):
+    for f in files:
+      p = os.path.join(root, f)
+      out[os.path.relpath(p, d)] = open(p, 'rb').read()
+  return out

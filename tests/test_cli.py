@@ -14,7 +14,7 @@ import sys
 import jax
 import pytest
 
-from conftest import tiny_config
+from conftest import tiny_config, snapshot
 from fedjax_mtl import train
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError
@@ -28,14 +28,6 @@ def run_main(*args, workdir):
       cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def snapshot(d):
-  """{relative path: bytes} of every file under d."""
-  out = {}
-  for root, _, files in os.walk(d):
-    for f in files:
-      p = os.path.join(root, f)
-      out[os.path.relpath(p, d)] = open(p, 'rb').read()
-  return out
 
 
 def test_smoke_run_prints_progress_and_summaries(tmp_path):

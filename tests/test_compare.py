@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from conftest import snapshot
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 
@@ -45,13 +47,6 @@ def fake_run(wd, spec: str, seed: int = 0, value: float = 40., finished: bool = 
       f.write('client,task,metric,value\n')
 
 
-def snapshot(d):
-  out = {}
-  for root, _, files in os.walk(d):
-    for f in files:
-      p = os.path.join(root, f)
-      out[os.path.relpath(p, d)] = open(p, 'rb').read()
-  return out
 
 
 @pytest.fixture

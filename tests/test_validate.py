@@ -11,6 +11,8 @@ import sys
 import ml_collections
 import pytest
 
+from conftest import snapshot
+
 from fedjax_mtl import config_doc, validate
 from fedjax_mtl.defaults import VARIANTS, base_config
 from fedjax_mtl.errors import ConfigError
@@ -42,14 +44,6 @@ def smoke(algorithm='hca2', /, **values):
 DELETE = object()
 
 
-def snapshot(d):
-  """{relative path: bytes} of every file under d."""
-  out = {}
-  for root, _, files in os.walk(d):
-    for f in files:
-      p = os.path.join(root, f)
-      out[os.path.relpath(p, d)] = open(p, 'rb').read()
-  return out
 
 
 # --------------------------------------------------------------------------
