@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Callable
 
 from fedjax_mtl.errors import check_choice
-from fedjax_mtl.models import convnet
+from fedjax_mtl.models import convnet, resnet
 
 ENCODERS: dict[str, Callable] = {
     'conv_micro': convnet.conv_micro,
     'conv_small': convnet.conv_small,
+    'resnet18': resnet.resnet18,
+    'resnet18_os8': resnet.resnet18_os8,
 }
 
 try:  # The Swin family registers itself when its module is present.
