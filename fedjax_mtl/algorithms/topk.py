@@ -143,11 +143,15 @@ def _parts(views: dict, keyed: bool = False) -> list[_Part]:
   return out
 
 
-def _sizes(parts: list[_Part], num_clients: int) -> np.ndarray:
-  """Entries per client over all its rows."""
+def _sizes(views: dict, num_clients: int) -> np.ndarray:
+  """Entries per client over all its rows of all views (static shapes only)."""
   d = np.zeros(num_clients, np.int64)
-  for p in parts:
-    np.add.at(d, p.owners, sum(x.size // x.shape[0] for x in p.leaves))
+  for view, owners in views.values():
+    for lo, part in row_offsets(view):
+      leaves = [x for x in jax.tree.leaves(part) if x.size]
+      if leaves:
+        rows = leaves[0].shape[0]
+        np.add.at(d, owners[lo:lo + rows], sum(x.size // rows for x in leaves))
   if d.max(initial=0) >= 2**31:
     raise ValueError(f'a client has {int(d.max())} entries; at most 2^31 - 1 are supported')
   return d
@@ -573,17 +577,15 @@ def kth_largest_abs(rows: PyTree, k: jax.Array | int,
   gets 0.
   """
   views = _views(rows, row_client)
-  parts = _parts(views)
   if num_clients is None:
     num_clients = max(int(o.max(initial=-1)) for _, o in views.values()) + 1
-  sizes = _sizes(parts, num_clients)
-  return _value(_kth_keys(parts, k, sizes))
+  return _value(_kth_keys(_parts(views), k, _sizes(views, num_clients)))
 
 
 def client_sizes(deltas: Views, row_client: Mapping[str, Sequence[int]],
                  num_clients: int) -> np.ndarray:
   """Entries per client over all its rows of all roles (static)."""
-  return _sizes(_parts(_views(deltas, row_client)), num_clients)
+  return _sizes(_views(deltas, row_client), num_clients)
 
 
 def _random_keys(deltas: Views, key: jax.Array) -> dict:
