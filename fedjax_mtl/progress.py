@@ -85,6 +85,11 @@ class Progress:
       self.step = tqdm(total=self.steps_per_round, unit='step', leave=False, position=1,
                        desc=f'round {rnd}', dynamic_ncols=True)
 
+  def step_callback(self):
+    """`steps` when a step bar is drawn, else None: the in-memory feed then never
+    waits for a group just to report it."""
+    return self.steps if self.steps_bar else None
+
   def steps(self, n: int) -> None:
     """`n` local steps of a client group are done (the feeds' `progress` callback)."""
     if self.step is not None:

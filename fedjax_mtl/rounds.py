@@ -215,13 +215,14 @@ def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data,
   """One in-memory round: every group's local training, then the aggregation.
   `progress(steps)`, if given, is called as each group finishes (waiting for it)."""
   groups, metrics = [], []
+  steps = group_steps(exp)
   for g, (spec, fn) in enumerate(zip(exp.fed.groups, train_fns)):
     gs, m = fn(state.groups[g], data[spec.dataset]['train'], state.round, state.rng)
     groups.append(gs)
     metrics.append(m)
     if progress is not None:
       jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
-      progress(group_steps(exp)[g])
+      progress(steps[g])
   start = [gs.params for gs in state.groups]
   return aggregate(agg_fn, state.replace(groups=groups), start, metrics)
 

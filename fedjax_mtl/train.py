@@ -204,7 +204,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     with prog:
       for rnd in range(start + 1, total + 1):
         prog.round_start(rnd)
-        state, out = feed.run_round(state, rnd, prog.steps)  # local training -> aggregation
+        state, out = feed.run_round(state, rnd, prog.step_callback())  # training -> aggregation
         out = jax.device_get(out)  # the one host transfer per round
         diverged = divergence(exp, rnd, out['health'])
         if diverged:  # the round is not committed: no rows, no checkpoint

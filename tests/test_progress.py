@@ -24,6 +24,8 @@ def test_progress_bar_counts_steps_and_ends_done(monkeypatch, capsys):
   monkeypatch.setattr(sys, 'stderr', err)
   p = progress.Progress('fedavg 6 clients', total=3, start=0, eval_rounds={3},
                         steps_per_round=10, steps_bar=True)
+  assert p.step_callback() == p.steps  # a step bar: the feed reports each group
+  assert progress.Progress('x', 3, 0, set(), 10, steps_bar=False).step_callback() is None
   p.compiling(['train pascal x5', 'aggregate'], None)
   p.compiled({'train pascal x5': 1.5, 'aggregate': 0.5})
   etas = []
