@@ -34,8 +34,14 @@ def parse_arg(arg: str | None) -> tuple[str, dict[str, str]]:
 VARIANTS = ('default', 'smoke', 'paper')
 
 
-def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collections.ConfigDict:
-  """The base ConfigDict for `algorithm` in the variant named by `arg`."""
+def base_config(arg: str | None = None, algorithm: str = 'fedavg',
+                setup=None) -> ml_collections.ConfigDict:
+  """The base ConfigDict for `algorithm` in the variant named by `arg`.
+
+  `setup(config, variant, items)`, if given, adjusts the variant's config before
+  the arg's `key=value` items are applied; it may consume items of its own
+  (removing them from `items`), e.g. `configs/feddea.py`'s `dataset=`.
+  """
   variant, kv = parse_arg(arg)
   if variant not in VARIANTS:
     raise ValueError(f'unknown config variant {variant!r}; valid choices: '
@@ -99,11 +105,15 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collect
   c.num_devices = 0  # 0: all visible devices
   c.progress = True
   c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
+  # FedDEA's unified model for task-level clients ('literal' / 'owner', spec
+  # feddea §6 A1); 'none' is the hetero-client engine.
+  c.unified = 'none'
   # Hyper-parameters of the algorithm wrappers (used when `algorithm` names
   # them, e.g. 'momentum(fedavg)'; see fedjax_mtl/algorithms/__init__.py).
   from fedjax_mtl import algorithms
   c.momentum = algorithms.momentum_config()
-  c.masked = algorithms.masked_config()
+  c.dea = algorithms.dea_config()
+  c.heal = algorithms.heal_config()
   c.grouped = algorithms.grouped_config()
 
   if variant == 'smoke':
@@ -139,6 +149,8 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg') -> ml_collect
     # edge BCE proxy (as the released training loop does) unless
     # eval_edge_ods=True.
     c.eval_edge_ods = False
+  if setup is not None:
+    setup(c, variant, kv)
   for k, v in kv.items():
     if k not in c:
       raise ValueError(f'unknown config field {k!r} in config arg')

@@ -122,7 +122,8 @@ def build(config) -> Experiment:
   return _BUILT[key]
 
 
-def fed_info(fed: federation.Federation, num_rounds: int) -> algorithms.FedInfo:
+def fed_info(fed: federation.Federation, num_rounds: int,
+             norm_modules: frozenset = frozenset()) -> algorithms.FedInfo:
   """The static facts the algorithm sees."""
   return algorithms.FedInfo(
       num_clients=fed.num_clients, num_decoders=fed.num_decoders,
@@ -130,7 +131,8 @@ def fed_info(fed: federation.Federation, num_rounds: int) -> algorithms.FedInfo:
       client_names=tuple(c.name for c in fed.clients), homo_groups=fed.homo_groups,
       decoder_layers=DECODER_LAYERS, num_rounds=num_rounds,
       client_keys=tuple((c.dataset, '+'.join(c.tasks)) for c in fed.clients),
-      decoder_keys=tuple((c.dataset, t) for c in fed.clients for t in c.tasks))
+      decoder_keys=tuple((c.dataset, t) for c in fed.clients for t in c.tasks),
+      norm_modules=norm_modules)
 
 
 def _build(config) -> Experiment:
@@ -161,19 +163,21 @@ def _build(config) -> Experiment:
     raise ConfigError(f'num_devices={n_dev} but only {len(devices)} devices are visible')
   mesh = Mesh(np.asarray(devices[:n_dev]), ('clients',))
   fed = federation.build_federation(clients, n_dev)
-  alg = algorithms.get_algorithm(config.algorithm, fed_info(fed, config.num_rounds), config)
   models_train = [MultiTaskNet(encoder, g.head_channels, train=True, dtype=dtype)
                   for g in fed.groups]
   models_eval = [m.clone(train=False) for m in models_train]
-  labels = []
+  labels, norm_modules = [], set()
   for g, m in zip(fed.groups, models_train):
     h, w = config.data.resolution[g.dataset]
     shapes = jax.eval_shape(lambda m=m: m.init(jax.random.PRNGKey(0), jnp.zeros((1, h, w, 3))))
     labels.append(param_roles(shapes['params']))
-  for role in ('head',):
-    if alg.roles.get(role) == 'shared':
-      raise ConfigError(f'algorithm {config.algorithm!r} shares the {role}s, whose shapes differ '
-                        'between tasks; heads can be personal or frozen')
+    norm_modules |= {tuple(str(getattr(k, 'key', k)) for k in path[:-1]) for path, _ in
+                     jax.tree_util.tree_leaves_with_path(shapes.get('batch_stats', {}))}
+  alg = algorithms.get_algorithm(config.algorithm, fed_info(fed, config.num_rounds,
+                                                            frozenset(norm_modules)), config)
+  if alg.roles.get('head') == 'shared' and len({g.head_channels for g in fed.groups}) > 1:
+    raise ConfigError(f'algorithm {config.algorithm!r} shares the heads, whose shapes differ '
+                      'between client groups; heads can be shared within one dataset only')
   return Experiment(config=config, fed=fed, data=data, mesh=mesh, encoder=encoder,
                     models_train=models_train, models_eval=models_eval,
                     tx=local.make_optimizer(config.optim), algorithm=alg, labels=labels)

@@ -6,7 +6,8 @@ a leading client axis (padded to a multiple of the device count; padding
 clients never train and are never aggregated). Aggregation sees two views
 gathered across groups: encoders stacked `[N, ...]` over all clients and
 decoders stacked `[K, ...]` over all task decoders of all clients (client-major,
-tasks in each client's decoder order). Heads and batch-norm statistics stay local.
+tasks in each client's decoder order). Batch-norm statistics stay local; heads are
+one row per client (all its slots), shared only by the unified-model setting.
 """
 
 from __future__ import annotations
@@ -137,8 +138,9 @@ def build_federation(clients: Sequence[ClientSpec], num_devices: int = 1) -> Fed
 
 
 # Per-client axes of a role's leaves inside a group: encoders are [n, ...];
-# decoders are [n, slots, ...] (one per task slot), stacked as K rows.
-_SLOT_AXIS = {'encoder': False, 'decoder': True}
+# decoders are [n, slots, ...] (one per task slot), stacked as K rows; a client's
+# heads (one module per slot, channels may differ) are one row [n, ...].
+_SLOT_AXIS = {'encoder': False, 'decoder': True, 'head': False}
 
 
 def block_sizes(fed: Federation, role: str) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import evaluate, experiment, feeds, progress, report, rounds, validate
+from fedjax_mtl.algorithms.base import unified_mode
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.defaults import base_config
 from fedjax_mtl.errors import ConfigError, DivergedError
@@ -119,6 +120,10 @@ def _flat(d: dict, prefix: str = '') -> dict:
   return out
 
 
+# Wrapper blocks that older versions wrote into every config ('masked' is now 'dea').
+RETIRED_BLOCKS = ('masked',)
+
+
 def config_diffs(config, workdir: str) -> list[str]:
   """Top-level config fields in which `workdir`'s run (its config.json) differs from
   `config`, ignoring the fields a resumed run may change ([] when none or no run)."""
@@ -134,6 +139,11 @@ def config_diffs(config, workdir: str) -> list[str]:
   for k in set(new) - set(old):
     if k in default and new[k] == default[k]:
       old[k] = new[k]
+  # A retired wrapper block matters only to a run whose algorithm named it.
+  for k in set(old) - set(new):
+    block = k.split('.')[0]
+    if block in RETIRED_BLOCKS and f'{block}(' not in str(old.get('algorithm', '')):
+      del old[k]
   return sorted({k.split('.')[0] for k in set(old) | set(new) if old.get(k) != new.get(k)})
 
 
@@ -144,6 +154,13 @@ def _check_workdir(config, workdir: str) -> None:
     raise ConfigError(
         f'workdir {workdir!r} holds a run with a different config (fields: '
         f'{", ".join(diffs)}); use a new --workdir or the same config to resume')
+
+
+def method_label(config) -> str:
+  """The method's name in result tables: the algorithm, and FedDEA's unified-model
+  decision (spec feddea §6 A1) when the run uses one."""
+  mode = unified_mode(config)
+  return config.algorithm if mode == 'none' else f'{config.algorithm} [unified={mode}]'
 
 
 def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> dict:
@@ -167,6 +184,8 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
                  (jnp.asarray(config.seed, jnp.uint32), None)))
   total = config.num_rounds
   eval_rounds = {r for r in range(1, total + 1) if r % config.eval_every == 0 or r == total}
+  # Every eval record of a unified-model run carries its A1 decision.
+  record = {} if unified_mode(config) == 'none' else {'unified': unified_mode(config)}
   prog = progress.Progress(f'{config.algorithm} {exp.fed.num_clients} clients', total, start,
                            eval_rounds, sum(rounds.group_steps(exp)),
                            enabled=bool(config.progress))
@@ -212,7 +231,8 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
         rows = _train_rows(exp, rnd, out['train']) + _agg_rows(rnd, out['agg'])
         eval_rows = []
         if rnd in eval_rounds:
-          eval_rows = [{'round': rnd, 'type': 'eval', **r} for r in run_eval(exp, state, feed)]
+          eval_rows = [{'round': rnd, 'type': 'eval', **r, **record}
+                       for r in run_eval(exp, state, feed)]
         report.append_jsonl(metrics_path, rows + eval_rows)
         if sink is not None:
           sink.write(rows + eval_rows)
@@ -243,7 +263,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   report.plot_hyperweights(all_rows, workdir)
   ref_dir = config.get('delta_m_reference', '')
   ref = report.final_eval_rows(os.path.join(ref_dir, 'metrics.jsonl')) if ref_dir else None
-  md, csv_text = report.results_table(config.algorithm, final, ref)
+  md, csv_text = report.results_table(method_label(config), final, ref)
   report.atomic_write(os.path.join(workdir, 'results.md'), md)
   report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
   return {'state': state, 'eval': final, 'interrupted': False}

@@ -8,7 +8,7 @@ fedjax_mtl.config_doc` prints it); a field's type is its default's type
 
 Ranges the algorithms' `build()` already checks with a ConfigError (hca2.ca_c,
 fedprox.mu, ditto.lam, fedamp.*, fedbabu/fedsta round counts, matfl.num_clusters,
-momentum.*, masked.rho) are left to them: `experiment.build` runs before the
+momentum.*, dea.rho, dea.server_lr, heal.*, feddyn.alpha) are left to them: `experiment.build` runs before the
 first write too. Impossible client splits and missing data caches are also
 found there (they depend on the data).
 """
@@ -89,6 +89,16 @@ def _decoder_rules() -> tuple:
   return hca2.DECODER_RULES
 
 
+def _dea_variants() -> tuple:
+  from fedjax_mtl.algorithms import topk
+  return topk.VARIANTS
+
+
+def _unified_modes() -> tuple:
+  from fedjax_mtl.algorithms import base
+  return base.UNIFIED_MODES
+
+
 def _matfl_modes() -> tuple:
   from fedjax_mtl.algorithms import matfl_math
   return matfl_math.MODES
@@ -159,17 +169,29 @@ FIELDS: dict[str, Field] = {
     'num_devices': Field('devices the clients are sharded over (0 = all visible)', at_least(0)),
     'progress': Field('show a progress bar'),
     'tensorboard': Field('also write TensorBoard event files to <workdir>/tensorboard'),
+    'unified': Field("FedDEA's unified model for task-level clients: none (the hetero-client "
+                     'engine), literal (one global encoder + every decoder/head, spec A1), '
+                     'owner (decoders/heads updated by their owner only)',
+                     choices=_unified_modes),
     # Wrappers (used when `algorithm` names them, e.g. momentum(fedavg)).
     'momentum.momentum': Field('momentum(...): server momentum of the aggregated update, '
                                'in [0, 1)'),
     'momentum.lr': Field('momentum(...): server learning rate, > 0'),
-    'masked.rho': Field('masked(...): fraction of each update kept (top-ρ by magnitude), in '
-                        '(0, 1]'),
-    'masked.rescale': Field('masked(...): scale the kept update by 1/ρ'),
+    'dea.rho': Field('dea(...): FedDEA ratio ρ, the fraction of each client update kept '
+                     '(top-ρ by magnitude over the whole update), in (0, 1]'),
+    'dea.variant': Field('dea(...): which entries are kept: top (FedDEA), small (ablation a), '
+                         'random (ablation c)', choices=_dea_variants),
+    'dea.rescale': Field('dea(...): scale the kept entries by 1/ρ (False: ablation b)'),
+    'dea.server_lr': Field('dea(...): server step η_g on the aggregated update (ρ = 1 with '
+                           'η_g > 1: the step-size control), > 0'),
+    'heal.tau': Field('heal(...): FedHEAL keeps a coordinate whose update sign was this '
+                      'consistent over past rounds (> tau), in [0, 1)'),
+    'heal.beta': Field('heal(...): FedHEAL momentum of the client weights, in [0, 1]'),
     'grouped.by': Field("grouped(...): aggregate within groups of the same 'dataset' or 'task'"),
     # Algorithm blocks (configs/<algorithm>.py add their algorithm's default_config()).
     'fedavg.weighting': Field("FedAvg mean: 'uniform' or 'examples' (by local example counts)"),
     'fedprox.mu': Field('FedProx proximal coefficient μ, >= 0'),
+    'feddyn.alpha': Field('FedDyn regularisation α, > 0'),
     'ditto.lam': Field("Ditto: pull λ of the personal model to the global one, >= 0"),
     'fedamp.lam': Field('FedAMP proximal coefficient λ, >= 0'),
     'fedamp.alpha_k': Field('FedAMP step α_k of the cloud models, > 0'),
@@ -236,7 +258,8 @@ def block_defaults() -> dict[str, Any]:
     default_config = getattr(sys.modules[build.__module__], 'default_config', None)
     if default_config is not None:
       out[name] = default_config()
-  out.update(momentum=algorithms.momentum_config(), masked=algorithms.masked_config(),
+  out.update(momentum=algorithms.momentum_config(), dea=algorithms.dea_config(),
+             heal=algorithms.heal_config(),
              grouped=algorithms.grouped_config())
   return out
 

@@ -322,7 +322,8 @@ RULES = {
     'matfl hard': ('matfl', {'matfl': {'mode': 'hard', 'num_clusters': 2, 'th': 0.0}}),
     'matfl soft': ('matfl', {'matfl': {'mode': 'soft', 'num_clusters': 2, 'th': 0.0}}),
     'momentum(fedavg)': ('momentum(fedavg)', {}),
-    'masked(fedavg) rho=0.3': ('masked(fedavg)', {'masked': {'rho': 0.3, 'rescale': True}}),
+    'dea(fedavg) rho=0.3': ('dea(fedavg)', {'dea': {'rho': 0.3, 'variant': 'top',
+                                                    'rescale': True, 'server_lr': 1.0}}),
     'hca2': ('hca2', {}),
 }
 

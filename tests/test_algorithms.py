@@ -3,7 +3,7 @@
 - client parts: FedProx's, Ditto's and FedAMP's extra gradient terms, FedBABU's
   and FedSTA's trainable roles;
 - server rules and combinators: mean (uniform / by examples), by_role,
-  for_rounds, server momentum, top-ρ masking, grouping, MaT-FL's and FedAMP's
+  for_rounds, server momentum, grouping, MaT-FL's and FedAMP's
   rules through the registry;
 - the registry: compositions by name and their errors.
 Two-round runs of every baseline in the engine are in test_algorithms_engine.py.
@@ -191,39 +191,6 @@ def test_server_momentum_over_two_rounds():
   assert jax.tree.leaves(st.rows['encoder']['momentum'])[0].shape[0] == N
 
 
-def test_top_rho_mask_is_per_client_over_its_whole_update():
-  rng = np.random.default_rng(7)
-  x = _inputs(rng)
-  info = _info()
-  deltas = {r: jax.tree.map(lambda a, b: a - b, x.local[r], x.prev[r]) for r in x.local}
-  mask = rules.top_rho_mask(deltas, {r: info.row_client(r) for r in deltas}, N, 0.3)
-  enc, dec = _flat(deltas['encoder']), _flat(deltas['decoder'])
-  menc, mdec = _flat(mask['encoder']), _flat(mask['decoder'])
-  for c in range(N):
-    rows = [i for i, o in enumerate(DEC_CLIENT) if o == c]
-    v = np.abs(np.concatenate([enc[c]] + [dec[i] for i in rows]))
-    m = np.concatenate([menc[c]] + [mdec[i] for i in rows])
-    k = int(np.floor(0.3 * v.size))
-    np.testing.assert_array_equal(m, (v >= np.sort(v)[::-1][k - 1]).astype(np.float32))
-    assert m.sum() == k  # continuous values: no ties
-  # The wrapper hands the base rule prev + Δ·mask/ρ.
-  out, _, logs = _apply(rules.masked(rules.identity(), info, 0.3), x)
-  np.testing.assert_allclose(_flat(out['encoder']), _flat(x.prev['encoder']) + enc * menc / 0.3,
-                             rtol=1e-5, atol=1e-6)
-  assert 0.25 < float(logs['masked_kept_fraction']) <= 0.35
-  assert rules.masked(rules.mean(), info, 1.0).apply is not None
-
-
-def test_masked_with_rho_one_is_the_base_rule_bitwise():
-  x = _inputs(np.random.default_rng(8))
-  base = _algorithm('fedavg')
-  wrapped = _algorithm('masked(fedavg)', masked={'rho': 1.0, 'rescale': True})
-  a, _, _ = _apply(base.server, x)
-  b, _, _ = _apply(wrapped.server, x)
-  for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(u, v)
-
-
 def test_grouped_mean_is_the_mean_within_each_group():
   x = _inputs(np.random.default_rng(9))
   alg = _algorithm('grouped(fedavg)', grouped={'by': 'dataset'})
@@ -297,7 +264,7 @@ def test_fedamp_rule_keeps_models_and_sends_cloud_models():
 # ---------------------------------------------------------------------------
 
 def test_compositions_by_name():
-  assert algorithms.parse('masked(momentum(fedavg))') == ['masked', 'momentum', 'fedavg']
+  assert algorithms.parse('dea(momentum(fedavg))') == ['dea', 'momentum', 'fedavg']
   alg = _algorithm('momentum(fedprox)')
   assert alg.name == 'momentum(fedprox)' and alg.client.loss is not None
   hca2_avg = _algorithm('hca2', hca2={'encoder_agg': 'fedavg', 'decoder_agg': 'none'})
@@ -306,15 +273,12 @@ def test_compositions_by_name():
 
 @pytest.mark.parametrize('spec, blocks, message', [
     ('fedfoo', {}, "unknown algorithm 'fedfoo'; valid choices: 'local', 'fedavg'"),
-    ('masked', {}, "wrapper 'masked' needs an algorithm inside, e.g. masked(fedavg)"),
+    ('dea', {}, "wrapper 'dea' needs an algorithm inside, e.g. dea(fedavg)"),
     ('fedavg(fedprox)', {}, "'fedavg' is an algorithm, not a wrapper; valid wrappers: 'momentum'"),
     ('squash(fedavg)', {}, "unknown algorithm wrapper 'squash' in 'squash(fedavg)'"),
-    ('masked(local)', {}, "'local' shares no parameters"),
-    ('masked(fedavg', {}, 'cannot read algorithm'),
+    ('dea(local)', {}, "'local' shares no parameters"),
+    ('dea(fedavg', {}, 'cannot read algorithm'),
     ('fedprox', {'fedprox': {'mu': -1.0}}, 'fedprox.mu=-1.0 is out of range; valid range: mu >= 0'),
-    ('masked(fedavg)', {'masked': {'rho': 0.0, 'rescale': True}},
-     'masked.rho=0.0 is out of range; valid range: 0 < rho <= 1'),
-    ('masked(fedavg)', {'masked': {'rho': 1.5, 'rescale': True}}, 'valid range: 0 < rho <= 1'),
     ('matfl', {'matfl': {'mode': 'hard', 'num_clusters': 5, 'th': 0.0}},
      'matfl.num_clusters=5 is out of range; valid range: 1 <= num_clusters <= number of clients (4)'),
     ('matfl', {'matfl': {'mode': 'ward', 'num_clusters': 2, 'th': 0.0}}, "unknown matfl.mode 'ward'"),

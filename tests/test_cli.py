@@ -69,7 +69,7 @@ def test_unknown_names_give_one_error_line(tmp_path, override, expected):
 
 
 @pytest.mark.parametrize('config, override, expected', [
-    ('fedavg', '--config.algorithm=masked(local)', "'local' shares no parameters"),
+    ('fedavg', '--config.algorithm=dea(local)', "'local' shares no parameters"),
     ('fedprox', '--config.fedprox.mu=-1', 'fedprox.mu=-1.0 is out of range; valid range: mu >= 0'),
     ('matfl', '--config.matfl.num_clusters=9', 'matfl.num_clusters=9 is out of range'),
 ])

@@ -2,7 +2,7 @@
 NumPy sorts: several leaves (one large enough to be its own key block), negative
 values, zeros, NaN, ties at the threshold, clients whose rows span roles and
 `Blocks` parts, k = 1 and k = d, entries placed to share a compaction column, the
-'small' and 'random' variants, and the `lax.top_k` mask it replaces.
+'small' and 'random' variants.
 
 Few distinct programs (each compiles in seconds): the shapes repeat across tests.
 """
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_mtl.algorithms import rules, topk
+from fedjax_mtl.algorithms import topk
 from fedjax_mtl.algorithms.base import Blocks
 
 K = 3
@@ -142,12 +142,6 @@ def test_masks_are_per_client_over_roles_and_blocks_parts(variant):
     np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=f'client {c}')
     # At least k; more only on ties (client 2: thousands tie at its threshold).
     assert got.sum() >= k and (got.sum() > k) == (c == 2)
-  if variant == 'top':  # the lax.top_k mask it replaces, on the concatenated rows
-    stacked = {r: dict(enumerate(_stacked(v))) for r, v in deltas.items()}
-    old = rules.top_rho_mask(stacked, row_client, 4, _RHO)
-    old_enc, old_dec = list(old['encoder'].values()), list(old['decoder'].values())
-    for c in range(4):
-      np.testing.assert_array_equal(_client(got_enc, got_dec, c), _client(old_enc, old_dec, c))
 
 
 def test_random_variant_keeps_exactly_k_uniformly_and_is_deterministic_in_its_key():

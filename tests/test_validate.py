@@ -155,7 +155,7 @@ BAD = [
     ('hca2', {'hca2.homo': 1}, 'hca2.homo=1 has the wrong type; expected a bool'),
     ('matfl', {'matfl.th': -1.0}, 'matfl.th=-1.0 is out of range; valid range: th > -1'),
     ('matfl', {'matfl.mode': 'fuzzy'}, "unknown matfl.mode 'fuzzy'"),
-    ('fedavg', {'masked.rescale': 'yes'}, "masked.rescale='yes' has the wrong type"),
+    ('fedavg', {'dea.rescale': 'yes'}, "dea.rescale='yes' has the wrong type"),
     ('fedavg', {'model.pretrained_path': 'no/such/weights.npz'},
      "model.pretrained_path 'no/such/weights.npz' is not a file"),
     ('fedavg', {'data.source': 'real', 'data.data_dir': '/no/such/data'},

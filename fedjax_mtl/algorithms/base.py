@@ -35,7 +35,7 @@ PyTree = Any
 Views = dict  # role -> stacked pytree [rows, ...]
 
 ROLES = ('encoder', 'decoder', 'head')  # parameter roles the models label
-STACKABLE = ('encoder', 'decoder')  # roles that stack across client groups
+STACKABLE = ('encoder', 'decoder', 'head')  # roles that stack across client groups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +51,16 @@ class FedInfo:
   num_rounds: int = 1
   client_keys: tuple[tuple[str, str], ...] = ()  # (dataset, tasks) per client
   decoder_keys: tuple[tuple[str, str], ...] = ()  # (dataset, task) per decoder
+  # Module paths (names from the params root, e.g. ('decoders', 'fuse_bn')) of the
+  # layers that keep batch-norm statistics: FedBN keeps their parameters local.
+  norm_modules: frozenset = frozenset()
 
 
   def row_client(self, role: str) -> tuple[int, ...]:
-    """Owner client of every row of `role`'s stacked view."""
-    return tuple(range(self.num_clients)) if role == 'encoder' else self.decoder_client
+    """Owner client of every row of `role`'s stacked view: one row per client for
+    the encoder and the heads (all of a client's slots in one row), one per task
+    decoder for the decoders."""
+    return self.decoder_client if role == 'decoder' else tuple(range(self.num_clients))
 
 
 class ServerInputs(NamedTuple):
@@ -173,10 +178,30 @@ class Algorithm:
   client: Client
   server: Server
   roles: Mapping[str, str]  # role -> 'shared' | 'personal' | 'frozen'
+  # Applied around the composed server, after every wrapper (e.g. FedBN keeps the
+  # batch-norm parameters out of DEA's mask and out of aggregation).
+  outermost: Callable[[Server], Server] | None = None
 
   @property
   def shared_roles(self) -> tuple[str, ...]:
     return tuple(r for r in STACKABLE if self.roles.get(r) == 'shared')
+
+
+UNIFIED_MODES = ('none', 'literal', 'owner')
+# Roles of FedDEA's unified model (spec feddea §6 A1): 'literal' aggregates the
+# whole θ; 'owner' leaves each task's decoder and head to its owner.
+UNIFIED_ROLES = {'literal': {'encoder': 'shared', 'decoder': 'shared', 'head': 'shared'},
+                 'owner': {'encoder': 'shared', 'decoder': 'personal', 'head': 'personal'}}
+
+
+def unified_mode(config) -> str:
+  """`config.unified` ('none' without a config or the field)."""
+  return str(config.get('unified', 'none')) if config is not None else 'none'
+
+
+def unified_roles(config, roles: Mapping[str, str]) -> dict[str, str]:
+  """`roles`, or the unified model's roles when `config.unified` asks for them."""
+  return dict(UNIFIED_ROLES.get(unified_mode(config), roles))
 
 
 def config_block(config, name: str, defaults: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

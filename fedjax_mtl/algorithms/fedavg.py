@@ -8,7 +8,7 @@ across all tasks, so after aggregation only the heads differ.
 import ml_collections
 
 from fedjax_mtl.algorithms import rules
-from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, config_block
+from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, config_block, unified_roles
 from fedjax_mtl.errors import check_choice
 
 SHARED = {'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'}
@@ -18,9 +18,16 @@ def default_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({'weighting': 'uniform'})
 
 
-def build(info: FedInfo, config=None) -> Algorithm:
-  """Encoders and decoders shared and averaged; heads personal."""
+def weighting(config) -> str:
+  """`fedavg.weighting`, checked: the client weights of every FedAvg-family server
+  (FedAvg, FedProx, FedNova, FedDyn, FedBN)."""
   cfg = config_block(config, 'fedavg', default_config())
-  check_choice('fedavg.weighting', cfg.weighting, ('uniform', 'examples'))
-  return Algorithm(name='fedavg', client=Client(), server=rules.mean(cfg.weighting, info),
-                   roles=dict(SHARED))
+  check_choice('fedavg.weighting', cfg.weighting, rules.WEIGHTINGS)
+  return cfg.weighting
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  """Encoders and decoders shared and averaged; heads personal (or the unified
+  model's roles under `config.unified`)."""
+  return Algorithm(name='fedavg', client=Client(), server=rules.mean(weighting(config), info),
+                   roles=unified_roles(config, SHARED))

@@ -328,7 +328,7 @@ def fedacg_penalty(params: PyTree, lookahead: PyTree,
 # PCGrad over client updates (§2.5)
 # ----------------------------------------------------------------------------
 
-def _gram(stacked: PyTree) -> jax.Array:
+def gram(stacked: PyTree) -> jax.Array:
   """[K, K] inner products of the flattened rows, summed leaf by leaf (no [K, d] copy)."""
   def one(x):
     x = x.astype(jnp.float32).reshape(x.shape[0], -1)
@@ -373,7 +373,7 @@ def pcgrad(deltas: PyTree, key: jax.Array) -> PyTree:
   Returns the projected updates g'_k (stacked like `deltas`) for the base rule.
   """
   order = pcgrad_order(key, num_rows(deltas))
-  return mix_rows(pcgrad_coefficients(_gram(deltas), order), deltas)
+  return mix_rows(pcgrad_coefficients(gram(deltas), order), deltas)
 
 
 # ----------------------------------------------------------------------------
@@ -408,9 +408,10 @@ def heal_init(stacked: PyTree, weights: jax.Array | None = None) -> HealState:
       weights=w, delta=jnp.zeros((k,), jnp.float32), count=jnp.zeros((), jnp.int32))
 
 
-def heal_aggregate(state: HealState, prev: PyTree, deltas: PyTree, tau: float = HEAL_TAU,
-                   beta: float = HEAL_BETA) -> tuple[PyTree, HealState, dict]:
-  """One FedHEAL round (`FedAvGHEAL.loc_update`), full participation.
+def heal_terms(state: HealState, deltas: PyTree, tau: float = HEAL_TAU,
+               beta: float = HEAL_BETA) -> tuple[PyTree, HealState, dict]:
+  """One FedHEAL round (`FedAvGHEAL.loc_update`, full participation) as per-client
+  terms t_k = q_k ⊙ m_k ⊙ Δ_k whose sum over k is FedHEAL's step.
 
   With u_k = θ − θ_k = −Δ_k and s_k = [u_k ≥ 0] per coordinate (FedHEAL's sign
   convention, so Δ = 0 counts as "decrease"):
@@ -420,9 +421,8 @@ def heal_aggregate(state: HealState, prev: PyTree, deltas: PyTree, tau: float = 
   2. distance d_k = Σ_leaves ‖m_k ⊙ Δ_k‖₂ (a sum of per-tensor norms, as FedHEAL).
   3. weights: δ_k ← (1 − β) δ_k + β d_k / Σ_j d_j;  a_k ← a_k + δ_k;
      p_k = a_k / Σ_j a_j.
-  4. per coordinate, q_k = p_k m_k / Σ_j p_j m_j, or p_k where no client keeps
-     it; θ ← θ + Σ_k q_k m_k Δ_k.
-  Returns (new θ, new state, {'weights': p [K], 'masks': stacked m}).
+  4. per coordinate, q_k = p_k m_k / Σ_j p_j m_j, or p_k where no client keeps it.
+  Returns (stacked terms, new state, {'weights': p [K], 'masks': stacked m}).
   """
   k = num_rows(deltas)
   r = state.count.astype(jnp.float32)
@@ -448,16 +448,27 @@ def heal_aggregate(state: HealState, prev: PyTree, deltas: PyTree, tau: float = 
   raw_w = state.weights + delta_w
   p = raw_w / jnp.sum(raw_w)
 
-  def leaf_update(prev_leaf, md, m):
+  def leaf_term(md, m):
     pk = _rows(p, m.ndim)
     a = pk * m
     tot = jnp.sum(a, axis=0, keepdims=True)
     q = jnp.where(tot == 0, pk, a / jnp.where(tot == 0, 1.0, tot))
-    return (prev_leaf.astype(jnp.float32) + jnp.sum(q * md, axis=0)).astype(prev_leaf.dtype)
+    return q * md
 
-  new_theta = jax.tree.map(leaf_update, prev, masked, masks)
+  terms = jax.tree.map(leaf_term, masked, masks)
   new_state = HealState(history=history, weights=raw_w, delta=delta_w, count=state.count + 1)
-  return new_theta, new_state, {'weights': p, 'masks': masks}
+  return terms, new_state, {'weights': p, 'masks': masks}
+
+
+def heal_aggregate(state: HealState, prev: PyTree, deltas: PyTree, tau: float = HEAL_TAU,
+                   beta: float = HEAL_BETA) -> tuple[PyTree, HealState, dict]:
+  """One FedHEAL round: θ ← θ + Σ_k q_k m_k Δ_k (`heal_terms`).
+  Returns (new θ, new state, {'weights': p [K], 'masks': stacked m}).
+  """
+  terms, new_state, logs = heal_terms(state, deltas, tau, beta)
+  new_theta = jax.tree.map(
+      lambda p, t: (p.astype(jnp.float32) + jnp.sum(t, axis=0)).astype(p.dtype), prev, terms)
+  return new_theta, new_state, logs
 
 
 __all__ = [
@@ -476,7 +487,9 @@ __all__ = [
     'fedga_step',
     'fedga_weights',
     'fednova_update',
+    'gram',
     'heal_aggregate',
+    'heal_terms',
     'heal_init',
     'keep_local',
     'moon_loss',

@@ -3,21 +3,25 @@
 A rule sees every shared role's rows (`ServerInputs.prev/local`: role ->
 `[rows, ...]`) and returns new rows for each. Rules that treat every role
 alike (`identity`, `mean`) map over whatever roles they get; `by_role` gives
-each role its own rule; wrappers (`for_rounds`, `with_server_momentum`,
-`masked`, `grouped`) take any rule and return a rule.
+each role its own rule; wrappers (`for_rounds`, `with_server_momentum`, `dea`,
+`grouped`, `unified`) take any rule and return a rule.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl.algorithms.base import (Blocks, FedInfo, Server, ServerInputs, ServerState,
-                                        Views, block_rows, broadcast_rows, stack, tree_mean,
-                                        tree_sub, unstack)
+from fedjax_mtl.algorithms import topk
+from fedjax_mtl.algorithms.base import (STACKABLE, Blocks, FedInfo, Server, ServerInputs,
+                                        ServerState, Views, block_rows, broadcast_rows, num_rows,
+                                        row_offsets, stack, tree_mean, tree_sub, unstack)
+
+PyTree = Any
 
 
 def _no_state(views: Views) -> ServerState:
@@ -29,22 +33,37 @@ def identity() -> Server:
   return Server(init=_no_state, apply=lambda state, x: (dict(x.local), state, {}), blocks=True)
 
 
+WEIGHTINGS = ('uniform', 'examples')
+
+
+def check_weighting(weighting: str) -> None:
+  if weighting not in WEIGHTINGS:
+    raise ValueError(f'unknown weighting {weighting!r}; valid choices: '
+                     + ', '.join(map(repr, WEIGHTINGS)))
+
+
+def row_weights(weighting: str, info: FedInfo, role: str, x: ServerInputs) -> jax.Array:
+  """[rows] normalised weights of `role`'s rows: uniform, or by the number of local
+  examples of each row's owner client (Eq. 6's w_k)."""
+  owners = jnp.asarray(info.row_client(role))
+  if weighting == 'uniform':
+    return jnp.full(owners.shape, 1.0 / owners.shape[0], jnp.float32)
+  n = x.num_examples[owners].astype(jnp.float32)
+  return n / jnp.sum(n)
+
+
 def mean(weighting: str = 'uniform', info: FedInfo | None = None) -> Server:
   """FedAvg: every row gets the mean of its role's uploaded rows.
 
   `weighting='uniform'` (FedHCA2's released baselines) or `'examples'` (rows
   weighted by their owner client's number of local examples; needs `info`).
   """
-  if weighting not in ('uniform', 'examples'):
-    raise ValueError(f"unknown weighting {weighting!r}; valid choices: 'uniform', 'examples'")
+  check_weighting(weighting)
 
   def apply(state, x: ServerInputs):
     out = {}
     for role, local in x.local.items():
-      w = None
-      if weighting == 'examples':
-        n = x.num_examples[jnp.asarray(info.row_client(role))]
-        w = n / jnp.sum(n)
+      w = row_weights(weighting, info, role, x) if weighting == 'examples' else None
       out[role] = broadcast_rows(tree_mean(local, w), local)
     return out, state, {}
 
@@ -120,47 +139,177 @@ def with_server_momentum(rule: Server, momentum: float = 0.9, lr: float = 1.0) -
   return Server(init=init, apply=apply)
 
 
-def top_rho_mask(deltas: Views, row_client: Mapping[str, Sequence[int]], num_clients: int,
-                 rho: float) -> Views:
-  """Per client, keep the ⌊ρ·d⌋ largest |Δ| over its whole update (all its rows of
-  all roles; ties at the threshold kept): a 0/1 mask shaped like `deltas`."""
-  flat = {r: jax.tree.map(lambda v: v.reshape(v.shape[0], -1), t) for r, t in deltas.items()}
-  per_client = []
-  for c in range(num_clients):
-    parts = [jnp.abs(v[i]) for r, t in flat.items() for v in jax.tree.leaves(t)
-             for i in np.flatnonzero(np.asarray(row_client[r]) == c)]
-    per_client.append(jnp.concatenate(parts))
-  # ⌊ρ·d_c⌋ per client: clients with more task decoders have larger updates.
-  thresh = jnp.stack([jax.lax.top_k(v, max(int(np.floor(rho * v.shape[0])), 1))[0][-1]
-                      for v in per_client])
-  out = {}
-  for r, t in deltas.items():
-    th = thresh[jnp.asarray(row_client[r])]
-    out[r] = jax.tree.map(
-        lambda v: (jnp.abs(v) >= th.reshape((-1,) + (1,) * (v.ndim - 1))).astype(jnp.float32), t)
-  return out
+def _per_client(num_clients: int, owners: np.ndarray, fn: Callable, *views) -> jax.Array:
+  """[num_clients] sums over each client's rows of `fn(*leaves)` (views of one
+  structure, stacked or `Blocks` split alike; `owners[i]` owns row i)."""
+  total = jnp.zeros((num_clients,), jnp.float32)
+  for parts in zip(*(row_offsets(v) for v in views)):
+    lo = parts[0][0]
+    leaves = [jax.tree.leaves(p) for _, p in parts]
+    rows = leaves[0][0].shape[0]
+    per_row = sum(jnp.sum(fn(*xs).reshape(rows, -1), axis=1, dtype=jnp.float32)
+                  for xs in zip(*leaves))
+    total = total + jax.ops.segment_sum(per_row, jnp.asarray(owners[lo:lo + rows]),
+                                        num_segments=num_clients)
+  return total
 
 
-def masked(rule: Server, info: FedInfo, rho: float, rescale: bool = True) -> Server:
-  """The base rule sees sparsified updates: per client, the top-ρ entries of Δ by
-  magnitude (over its whole update), scaled by 1/ρ when `rescale`; the rest of
-  each upload is the round's starting value."""
-  if rho == 1:
-    return rule  # every entry kept, no rescale: the base rule bit for bit
-  row_client = {r: info.row_client(r) for r in ('encoder', 'decoder')}
+def _mask_gram(masks: PyTree) -> jax.Array:
+  """[N, N] Σ m_i·m_j over the leaves of one-row-per-client 0/1 masks (stacked or
+  `Blocks`): the sizes of the pairwise intersections of the kept sets."""
+  parts = row_offsets(masks)
+  n = sum(num_rows(p) for _, p in parts)
+  gram = jnp.zeros((n, n), jnp.float32)
+  for lo_a, a in parts:
+    for lo_b, b in parts:
+      g = sum(jnp.tensordot(x.reshape(x.shape[0], -1), y.reshape(y.shape[0], -1),
+                            axes=(1, 1), precision=jax.lax.Precision.HIGHEST)
+              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+      gram = jax.lax.dynamic_update_slice(gram, g, (lo_a, lo_b))
+  return gram
+
+
+def dea_logs(deltas: Views, mask: Views, info: FedInfo, scale: float) -> dict:
+  """FedDEA's per-round diagnostics (spec §2.2), per client over its whole update:
+
+  - `dea_energy` e_k = ‖m⊙Δ‖²/‖Δ‖² (≥ ρ for the top-ρ mask);
+  - `dea_amplification` ‖Δ̃‖/‖Δ‖ = scale·√e_k;
+  - `dea_kept_<role>`: the fraction of the client's kept entries in that role
+    (encoder vs its own decoder and head);
+  - `dea_jaccard` [N, N]: |K_i ∩ K_j| / |K_i ∪ K_j| of the kept sets, over the roles
+    with one row per client (the encoder; in the unified model every role).
+  """
+  n = info.num_clients
+  owners = {r: np.asarray(info.row_client(r)) for r in deltas}
+  sq = lambda d: jnp.square(d.astype(jnp.float32))
+  total = sum(_per_client(n, owners[r], sq, deltas[r]) for r in deltas)
+  kept_sq = sum(_per_client(n, owners[r], lambda d, m: m * sq(d), deltas[r], mask[r])
+                for r in deltas)
+  kept = {r: _per_client(n, owners[r], lambda m: m, mask[r]) for r in deltas}
+  num_kept = sum(kept.values())
+  energy = kept_sq / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)
+  logs = {'dea_energy': energy, 'dea_amplification': scale * jnp.sqrt(energy)}
+  logs.update({f'dea_kept_{r}': v / jnp.maximum(num_kept, 1.) for r, v in kept.items()})
+  one_row = [r for r in deltas if tuple(owners[r]) == tuple(range(n))]
+  if one_row:
+    inter = sum(_mask_gram(mask[r]) for r in one_row)
+    size = jnp.diagonal(inter)
+    union = size[:, None] + size[None, :] - inter
+    logs['dea_jaccard'] = inter / jnp.maximum(union, 1.)
+  return logs
+
+
+def dea(rule: Server, info: FedInfo, rho: float, variant: str = 'top', rescale: bool = True,
+        server_lr: float = 1.0, seed: int = 0) -> Server:
+  """FedDEA over any rule (spec §2.1, §6 A4/A5/A11/A13): per client, ONE mask over its
+  whole update (all its rows of all roles, every leaf; not per layer) keeping the
+  ⌊ρ·d⌋ entries of largest |Δ| (ties at the threshold kept), the kept entries scaled
+  by 1/ρ (`rescale`); the base rule then reads prev + Δ̃ as the client's upload, so
+  Δ̃ is what it consumes wherever it would consume Δ.
+
+  `variant`: 'top' (FedDEA), 'small' (ablation a: the smallest |Δ|) or 'random'
+  (ablation c: k random entries, drawn per round from `seed`); the exact threshold
+  comes from `topk.top_rho_mask` (selection, no sort). `server_lr` η_g scales the
+  base rule's step, prev + η_g·(rule − prev) (A5: the step-size control for the
+  1/ρ amplification). ρ = 1 with η_g = 1 is the base rule itself, bit for bit.
+  Logs: `dea_logs` (when masking).
+  """
+  if not 0 < rho <= 1:
+    raise ValueError(f'rho={rho} is out of range; valid range: 0 < rho <= 1')
+  if variant not in topk.VARIANTS:
+    raise ValueError(f'unknown mask variant {variant!r}; valid choices: '
+                     + ', '.join(repr(v) for v in topk.VARIANTS))
+  if rho == 1 and server_lr == 1:
+    return rule  # every entry kept, no rescale, the base step: the base rule bit for bit
+  row_client = {r: info.row_client(r) for r in STACKABLE}
   scale = 1.0 / rho if rescale else 1.0
 
   def apply(state, x: ServerInputs):
-    deltas = {r: tree_sub(x.local[r], x.prev[r]) for r in x.local}
-    mask = top_rho_mask(deltas, row_client, info.num_clients, rho)
-    local = {r: jax.tree.map(lambda p, d, m: (p.astype(jnp.float32) + scale * m * d).astype(p.dtype),
-                             x.prev[r], deltas[r], mask[r]) for r in x.local}
-    new, st, logs = rule.apply(state, x._replace(local=local))
-    kept = sum(jnp.sum(m) for t in mask.values() for m in jax.tree.leaves(t))
-    total = sum(m.size for t in mask.values() for m in jax.tree.leaves(t))
-    return new, st, {**logs, 'masked_kept_fraction': kept / total}
+    logs = {}
+    if rho < 1:
+      deltas = {r: tree_sub(x.local[r], x.prev[r]) for r in x.local}
+      key = jax.random.fold_in(jax.random.PRNGKey(seed), x.round)
+      mask = topk.top_rho_mask(deltas, {r: row_client[r] for r in deltas}, info.num_clients,
+                               rho, variant, key if variant == 'random' else None)
+      local = {r: jax.tree.map(
+          lambda p, d, m: (p.astype(jnp.float32) + scale * (m * d)).astype(p.dtype),
+          x.prev[r], deltas[r], mask[r]) for r in x.local}
+      logs = dea_logs(deltas, mask, info, scale)
+      x = x._replace(local=local)
+    new, st, inner_logs = rule.apply(state, x)
+    if server_lr != 1:
+      new = {r: jax.tree.map(lambda p, v: (p.astype(jnp.float32) + server_lr * (
+          v.astype(jnp.float32) - p.astype(jnp.float32))).astype(p.dtype), x.prev[r], v)
+             for r, v in new.items()}
+    return new, st, {**inner_logs, **logs}
 
-  return Server(init=rule.init, apply=apply)
+  return Server(init=rule.init, apply=apply, blocks=rule.blocks)
+
+
+def unified_info(info: FedInfo) -> FedInfo:
+  """What a rule sees inside `unified`: every role has one row per client (the
+  client's view of the whole unified model)."""
+  return dataclasses.replace(info, num_decoders=info.num_clients,
+                             decoder_client=tuple(range(info.num_clients)),
+                             decoder_names=info.client_names, decoder_keys=info.client_keys)
+
+
+def unified(rule: Server, info: FedInfo) -> Server:
+  """One global model for task-level clients (FedDEA's HTA-FMTL setting, spec §1.6,
+  §6 A1 'literal'): θ = the encoder + every task's decoder and head, and client k's
+  update is zero outside its encoder and its own task's decoder and head.
+
+  `rule` (built on `unified_info(info)`) sees per client one row of the whole θ:
+  the encoder row as uploaded, and every task row ('decoder', 'head': `[N, K, ...]`)
+  equal to the round's start except the client's own, which holds its upload. So
+  a weighted mean gives task j's parameters prev_j + w_owner·Δ_j, a top-ρ mask
+  counts d over the whole θ, and per-client server state covers the whole θ.
+  Task row j of the result is row owner(j)'s entry j. Needs every client to own
+  exactly one row of each task role (one task per client).
+  """
+  n = info.num_clients
+  owner = {'decoder': np.asarray(info.decoder_client), 'head': np.arange(n)}
+  for r, o in owner.items():
+    if sorted(o.tolist()) != list(range(n)):
+      raise ValueError(f'unified model: every client must own exactly one {r} row, '
+                       f'got owners {o.tolist()}')
+  # Engine row j of a task role is client owner[j]'s row of the inner rule.
+  inverse = {r: np.argsort(o) for r, o in owner.items()}
+  task_roles = lambda views: [r for r in owner if r in views]
+
+  def expand(prev, local, r):
+    own = owner[r][None, :] == np.arange(n)[:, None]  # [N clients, K rows]
+    def one(p, l):
+      o = jnp.asarray(own).reshape(own.shape + (1,) * (p.ndim - 1))
+      return jnp.where(o, l[None], p[None])
+    return jax.tree.map(one, prev, local)
+
+  def rows_in(rows, r):  # engine rows (row j) -> inner rows (client c)
+    return jax.tree.map(lambda v: v[inverse[r]], rows) if r in owner else rows
+
+  def rows_out(rows, r):
+    return jax.tree.map(lambda v: v[owner[r]], rows) if r in owner else rows
+
+  def init(views: Views) -> ServerState:
+    uviews = {r: (expand(v, v, r) if r in owner else v) for r, v in views.items()}
+    st = rule.init(uviews)
+    return ServerState(st.shared, {r: rows_out(v, r) for r, v in st.rows.items()})
+
+  def apply(state: ServerState, x: ServerInputs):
+    prev, local = dict(x.prev), dict(x.local)
+    for r in task_roles(x.local):
+      local[r] = expand(x.prev[r], x.local[r], r)
+      prev[r] = jax.tree.map(lambda p: jnp.broadcast_to(p[None], (n,) + p.shape), x.prev[r])
+    rows = {r: rows_in(v, r) for r, v in state.rows.items()}
+    new, st, logs = rule.apply(ServerState(state.shared, rows),
+                               x._replace(prev=prev, local=local))
+    out = dict(new)
+    for r in task_roles(new):
+      cols = np.arange(len(owner[r]))
+      out[r] = jax.tree.map(lambda v, r=r: v[owner[r], cols], new[r])
+    return out, ServerState(st.shared, {r: rows_out(v, r) for r, v in st.rows.items()}), logs
+
+  return Server(init=init, apply=apply)
 
 
 def grouped(rule: Server, row_groups: Mapping[str, Sequence[int]]) -> Server:

@@ -1,0 +1,14 @@
+"""FedDyn: dynamic regularisation, α = 0.01 (a FedDEA plug-in base).
+
+On the hetero-client benchmark by default; `configs/feddea.py` runs it in the
+unified-model setting with `--config.algorithm='dea(feddyn)'`.
+"""
+
+from fedjax_mtl.algorithms.feddyn import default_config
+from fedjax_mtl.defaults import base_config
+
+
+def get_config(arg=None):
+  c = base_config(arg, algorithm='feddyn')
+  c.feddyn = default_config()
+  return c

@@ -1,0 +1,96 @@
+"""The enhancement modules FedDEA compares with (spec feddea §2.5), as wrappers
+over any server rule: like `rules.dea`, each transforms every client's update
+and hands the base rule prev + (transformed Δ) wherever it would read Δ.
+
+- `pcgrad(rule)`: each client's update, flattened over its whole θ, is projected
+  off every other client's update it conflicts with (negative inner product),
+  in a random order per client and round (`plugin_math.pcgrad_coefficients` on
+  the [N, N] Gram matrix: no [N, d] copy).
+- `heal(rule)`: FedHEAL's sign-consistency masks and momentum client weights;
+  FedHEAL's step is Σ_k t_k with t_k = q_k ⊙ m_k ⊙ Δ_k (per-coordinate
+  renormalised weights q), so client k hands the base rule t_k / w_k, w_k being
+  the base's own client weight (`fedavg.weighting`): over FedAvg that is
+  exactly FedHEAL, over other bases their rule applied to FedHEAL's terms.
+
+Both act on one update per client, so every role they see must have one row
+per client: the unified model (`config.unified='literal'`), task-level clients,
+or a base that shares the encoders only.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_mtl.algorithms import plugin_math, rules
+from fedjax_mtl.algorithms.base import (FedInfo, Server, ServerInputs, ServerState, Views,
+                                        mix_rows, stack, tree_sub)
+from fedjax_mtl.errors import ConfigError
+
+
+def check_one_row_per_client(name: str, roles: tuple[str, ...], info: FedInfo) -> None:
+  """A ConfigError unless every role in `roles` has exactly one row per client."""
+  for r in roles:
+    if tuple(info.row_client(r)) != tuple(range(info.num_clients)):
+      raise ConfigError(
+          f'{name}() needs one update per client, but the {r} role has '
+          f'{len(info.row_client(r))} rows for {info.num_clients} clients (a multi-task '
+          "client holds several); use task-level clients (e.g. config.unified='literal' "
+          'with configs/feddea.py) or a base that shares the encoders only')
+
+
+def _add(prev: Views, step: Views) -> Views:
+  """prev + step per role, in float32, cast back to prev's dtype."""
+  return {r: jax.tree.map(lambda p, s: (p.astype(jnp.float32) + s).astype(p.dtype),
+                          prev[r], step[r]) for r in step}
+
+
+def pcgrad(rule: Server, info: FedInfo, seed: int = 0) -> Server:
+  """PCGrad over the clients' updates, then `rule` (spec §2.5)."""
+  def apply(state, x: ServerInputs):
+    prev = {r: stack(v) for r, v in x.prev.items()}
+    deltas = {r: tree_sub(stack(x.local[r]), prev[r]) for r in x.local}
+    order = plugin_math.pcgrad_order(jax.random.fold_in(jax.random.PRNGKey(seed), x.round),
+                                     info.num_clients)
+    coef = plugin_math.pcgrad_coefficients(plugin_math.gram(deltas), order)
+    projected = {r: mix_rows(coef, d) for r, d in deltas.items()}
+    new, st, logs = rule.apply(state, x._replace(prev=prev, local=_add(prev, projected)))
+    return new, st, {**logs, 'pcgrad_coefficients': coef}
+
+  return Server(init=rule.init, apply=apply)
+
+
+def heal(rule: Server, info: FedInfo, weighting: str = 'uniform',
+         tau: float = plugin_math.HEAL_TAU, beta: float = plugin_math.HEAL_BETA) -> Server:
+  """FedHEAL's masks and weights over the clients' updates, then `rule` (spec §2.5).
+
+  State: the sign histories per client row (`ServerState.rows`, sharded with the
+  clients) and the client weights, their momentum and the round count (shared).
+  """
+  rules.check_weighting(weighting)
+
+  def init(views: Views) -> ServerState:
+    inner = rule.init(views)
+    hs = plugin_math.heal_init(views)
+    return ServerState(shared={'inner': inner.shared,
+                               'heal': (hs.weights, hs.delta, hs.count)},
+                       rows={r: {'inner': inner.rows.get(r, {}), 'history': hs.history[r]}
+                             for r in views})
+
+  def apply(state: ServerState, x: ServerInputs):
+    prev = {r: stack(v) for r, v in x.prev.items()}
+    deltas = {r: tree_sub(stack(x.local[r]), prev[r]) for r in x.local}
+    weights, delta, count = state.shared['heal']
+    hs = plugin_math.HealState(history={r: state.rows[r]['history'] for r in deltas},
+                               weights=weights, delta=delta, count=count)
+    terms, hs, heal_logs = plugin_math.heal_terms(hs, deltas, tau, beta)
+    w = rules.row_weights(weighting, info, 'encoder', x)  # one row per client: w_k
+    step = {r: jax.tree.map(lambda t: t / w.reshape((-1,) + (1,) * (t.ndim - 1)), v)
+            for r, v in terms.items()}
+    inner = ServerState(state.shared['inner'], {r: v['inner'] for r, v in state.rows.items()})
+    new, st, logs = rule.apply(inner, x._replace(prev=prev, local=_add(prev, step)))
+    rows = {r: {'inner': st.rows.get(r, {}), 'history': hs.history[r]} for r in deltas}
+    shared = {'inner': st.shared, 'heal': (hs.weights, hs.delta, hs.count)}
+    return new, ServerState(shared, rows), {**logs, 'heal_weights': heal_logs['weights']}
+
+  return Server(init=init, apply=apply)
