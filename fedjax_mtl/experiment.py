@@ -265,9 +265,11 @@ def init_program(exp: Experiment):
 
     def full(seed, enc=None):
       pb, rnd, rng = init(seed)
-      if enc is not None:
-        pb = [({**p, 'encoder': jax.tree.map(
-            lambda x: jnp.broadcast_to(x, (g.num_total,) + x.shape), enc)}, b)
+      if enc is not None:  # {'params': ..., 'batch_stats': ... (encoders with batch norm)}
+        every = lambda t, g: jax.tree.map(
+            lambda x: jnp.broadcast_to(x, (g.num_total,) + x.shape), t)
+        pb = [({**p, 'encoder': every(enc['params'], g)},
+               {**b, 'encoder': every(enc['batch_stats'], g)} if 'batch_stats' in enc else b)
               for (p, b), g in zip(pb, exp.fed.groups)]
       return _with_server(exp, _client_states(exp, pb), rnd, rng)
 
@@ -296,7 +298,8 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
                     server=rep(state.server))
   enc = None
   if pretrained:
-    like = jax.eval_shape(_init_fn(exp), key)[0][0][0]['encoder']
+    params, stats = jax.eval_shape(_init_fn(exp), key)[0][0]
+    like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
     enc = load_pretrained_encoder(pretrained, exp.encoder,
                                   jax.tree.map(lambda x: x[0], like))
   return place(exp, program(key, enc))
@@ -321,16 +324,25 @@ def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
   return out
 
 
-def load_pretrained_encoder(path: str, encoder, like: PyTree) -> PyTree:
-  """Converted encoder weights from `path` (checked against the model's shapes)."""
+def load_pretrained_encoder(path: str, encoder, like: PyTree) -> dict:
+  """Converted encoder weights from `path`, checked against `like` ({'params',
+  'batch_stats'} of one client's encoder): {'params'} for Swin (mmseg / converted
+  .npz), {'params', 'batch_stats'} for ResNet (torchvision .pth / .safetensors /
+  .npz, running statistics included)."""
   if not os.path.exists(path):
     raise ConfigError(f'model.pretrained_path {path!r} does not exist')
-  from fedjax_mtl.models import convert  # needs the Swin family
-  params = convert.load_pretrained(path, encoder)
-  shapes = jax.tree.map(np.shape, params)
-  if shapes != jax.tree.map(np.shape, like):
+  from fedjax_mtl.models import resnet
+  if isinstance(encoder, resnet.ResNet):
+    from fedjax_mtl.models import convert_resnet
+    params, stats = convert_resnet.load_resnet_checkpoint(path, encoder)
+    out = {'params': params, 'batch_stats': stats}
+  else:
+    from fedjax_mtl.models import convert  # the Swin family
+    out = {'params': convert.load_pretrained(path, encoder)}
+  want = {k: like[k] for k in out}
+  if jax.tree.map(np.shape, out) != jax.tree.map(np.shape, want):
     raise ConfigError(f'pretrained weights in {path!r} do not match model {encoder!r}')
-  return jax.tree.map(jnp.asarray, params)
+  return jax.tree.map(jnp.asarray, out)
 
 
 def place(exp: Experiment, state: FedState) -> FedState:

@@ -127,6 +127,20 @@ def model_apply(model_train) -> Callable:
   return apply
 
 
+def encoder_features(model_train, batch_stats: PyTree, image: jax.Array,
+                     key: jax.Array) -> Callable[[PyTree], jax.Array]:
+  """`features(encoder_params) -> [B, C]`: the encoder's last-stage map of `image`,
+  averaged over space, in train mode (batch-norm statistics used, not updated).
+  Only traced when a client part calls it."""
+  variables = {'batch_stats': batch_stats['encoder']} if 'encoder' in (batch_stats or {}) else {}
+
+  def features(enc_params):
+    feats, _ = model_train.encoder.apply({'params': enc_params, **variables}, image, train=True,
+                                         rngs={'dropout': key}, mutable=['batch_stats'])
+    return jnp.mean(feats[-1].astype(jnp.float32), axis=(1, 2))
+  return features
+
+
 def trainable_mask(labels: PyTree, alg: Algorithm, round_idx: jax.Array) -> PyTree | None:
   """Per-leaf "this leaf trains this round" (frozen roles and the client's
   `trainable(round)`), or None when every leaf trains (no masking compiled)."""
@@ -170,9 +184,10 @@ def _make_client_scan(group: GroupSpec, model_train, tx: optax.GradientTransform
     outs, new_bs = client.forward(apply, params, start, batch_stats, batch['image'], key)
     total, slot_losses = task_loss(outs, batch, tids)
     if extra is not None:
+      features = encoder_features(model_train, batch_stats, batch['image'], key)
       total = total + extra(ClientCtx(params=params, start=start, state=cs.client,
                                       server_rows=cs.server_rows, labels=labels,
-                                      batch=batch))
+                                      batch=batch, features=features))
     return total, (new_bs, slot_losses)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

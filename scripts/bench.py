@@ -12,6 +12,8 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=rules          # every server rule at paper scale vs a read
     python scripts/bench.py --only=engine_agg     # the round's aggregation as the engine calls it
     python scripts/bench.py --only=augment        # host augmentation vs raw feed + device augment
+    python scripts/bench.py --only=top_rho        # FedDEA's top-ρ mask vs FedAvg and a sort, K = 4, 5
+    python scripts/bench.py --only=memory         # one client's step memory, Swin-T and ResNet-18, 512
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -602,6 +604,27 @@ def bench_swin_memory(resolution: int = 512, batch: int = 8, encoder: str = 'swi
 
 
 
+def bench_top_rho(repeats: int = 3, clients=(4, 5), rho: float = 0.25,
+                  baselines=('sort',)) -> dict:
+  """FedDEA's exact top-ρ mask over each client's update of the unified Swin-T model
+  (the encoder plus K decoders and heads, ≈ 28.3 M values at K = 4), all clients in
+  one jitted call, against a FedAvg aggregation of the same update and a full sort
+  (`algorithms.topk.bench_top_rho`; normal values with a log-uniform scale per leaf)."""
+  from fedjax_mtl.algorithms import topk
+  from fedjax_mtl.models import get_encoder
+  from fedjax_mtl.models.multitask import MultiTaskNet
+  model = MultiTaskNet(get_encoder('swin_t'), (40,))
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
+                                             jnp.zeros((1, 64, 64, 3))))['params']
+  size = lambda t: [int(np.prod(x.shape)) for x in jax.tree.leaves(t)]
+  task = size({k: v for k, v in shapes.items() if k != 'encoder'})
+  out = {}
+  for k in clients:
+    r = topk.bench_top_rho(k, size(shapes['encoder']) + task * k, repeats, rho, baselines)
+    out.update({f'K{k}_{name}': v for name, v in r.items()})
+  return out
+
+
 def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
                    workers: int = 2) -> dict:
   """Training input pipeline alone: the engine's chunk source at `size`², all PASCAL tasks.
@@ -757,7 +780,8 @@ def main(argv=None):
                       '(default: %(default)s)')
   p.add_argument('--only', default='all',
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
-                          'algorithms', 'rules', 'engine_agg', 'augment', 'all'],
+                          'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'memory',
+                          'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -822,11 +846,16 @@ def main(argv=None):
   if a.only == 'mfu':  # not in 'all': a 512x512 step is for accelerators
     results['mfu'] = bench_mfu(a.mfu_resolution, dtype=a.mfu_dtype, remat=a.mfu_remat,
                                repeats=a.repeats, peak_tflops=a.peak_tflops)
+  if a.only == 'top_rho':  # not in 'all': the sort baseline takes minutes on a CPU
+    results['top_rho'] = bench_top_rho(a.repeats)
+  if a.only == 'memory':  # not in 'all': compiles of Swin-T and ResNet-18 steps at 512x512
+    results['memory'] = {f'{e}_{k}': v for e in ('swin_t', 'resnet18')
+                         for k, v in bench_swin_memory(encoder=e).items()}
   if a.only == 'augment':  # not in 'all': lowers a Swin-T step at 512x512 for its FLOPs
     results['augment'] = bench_augment(repeats=a.repeats)
   print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
-               'algorithms', 'rules', 'engine_agg', 'augment'):
+               'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'memory'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

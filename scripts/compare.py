@@ -11,8 +11,9 @@ is read back, not redone; an interrupted one resumes; a folder holding a run of
 another config stops the script before anything runs, unless --rerun_changed
 moves it aside. The table has one row per method, one column per client task
 (final round, mean ± std over seeds), Δm against the run named by --reference
-(default `local`) and the median seconds per round (rounds after the first,
-without evaluation), written to OUT/comparison.md and .csv.
+(default `local`; `--pair NAME=REF` sets another reference for one method, e.g.
+each +DEA row against its base) and the median seconds per round (rounds after
+the first, without evaluation), written to OUT/comparison.md and .csv.
 """
 
 from __future__ import annotations
@@ -132,16 +133,20 @@ def _lower(key: str) -> bool:
 
 
 def comparison_table(results: dict[str, list[dict[str, float]]],
-                     reference: str, seconds: dict[str, list[float]] | None = None
-                     ) -> tuple[str, str]:
+                     reference: str, seconds: dict[str, list[float]] | None = None,
+                     pairs: dict[str, str] | None = None) -> tuple[str, str]:
   """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm, then the
-  seconds per round when `seconds` (method -> per-seed values) is given."""
+  seconds per round when `seconds` (method -> per-seed values) is given.
+
+  Δm of a method is against `reference`, or against `pairs[method]` where given
+  (e.g. each +DEA row against its base, as FedDEA's tables report it)."""
   cols = list(next(iter(results.values()))[0])
-  ref_runs = results.get(reference)
+  pairs = pairs or {}
   md = io.StringIO()
   arrows = [c + ('↓' if _lower(c) else '↑') for c in cols]
   extra = ' s/round |' if seconds else ''
-  md.write('| method | ' + ' | '.join(arrows) + ' | Δm (%) ↑ |' + extra + '\n')
+  dm_head = 'Δm (%) ↑ (vs)' if pairs else 'Δm (%) ↑'
+  md.write('| method | ' + ' | '.join(arrows) + f' | {dm_head} |' + extra + '\n')
   md.write('|---' * (len(cols) + 2 + bool(seconds)) + '|\n')
   buf = io.StringIO()
   w = csv.writer(buf)
@@ -155,13 +160,16 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
 
   for name, runs in results.items():
     per_col = [[r[c] for r in runs] for c in cols]
+    ref_name = pairs.get(name, reference)
+    ref_runs = results.get(ref_name)
     if ref_runs is not None:
       # Δm per seed against the reference run of the same seed.
       dms = [delta_m(r, ref, lower_is_better=_lower) for r, ref in zip(runs, ref_runs)]
     else:
       dms = [float('nan')]
     sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
-    md.write(f'| {name} | ' + ' | '.join(fmt(v) for v in per_col) + f' | {fmt(dms)} |'
+    dm_text = fmt(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
+    md.write(f'| {name} | ' + ' | '.join(fmt(v) for v in per_col) + f' | {dm_text} |'
              + ''.join(sec) + '\n')
     w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
                + ([float(np.median(seconds[name]))] if seconds else []))
@@ -232,6 +240,9 @@ def main(argv=None) -> dict:
                  help='one method: NAME=CONFIG[:ARG] [field=value ...] (repeat per method)')
   p.add_argument('--seeds', default='0', help='comma-separated training seeds')
   p.add_argument('--reference', default='local', help='run name Δm is relative to')
+  p.add_argument('--pair', action='append', default=[],
+                 help='NAME=REF: Δm of run NAME against run REF instead of --reference '
+                      '(repeat; e.g. fedavg+dea=fedavg)')
   p.add_argument('--rerun_changed', action='store_true',
                  help='a run folder holding a run of another config is moved to '
                       '<folder>.replaced-<n> and run again (default: stop with an error)')
@@ -255,6 +266,14 @@ def _compare(a: argparse.Namespace) -> dict:
   import jax
   if a.xla_cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
     jax.config.update('jax_compilation_cache_dir', os.path.expanduser(a.xla_cache_dir))
+  pairs = {}
+  names = {item.partition('=')[0] for item in a.run}
+  for item in a.pair:
+    name, eq, ref = item.partition('=')
+    if not eq or name not in names or ref not in names:
+      raise ConfigError(f'--pair {item!r}: expected NAME=REF with both names given by --run; '
+                        'runs: ' + ', '.join(sorted(names)))
+    pairs[name] = ref
   from fedjax_mtl import train  # after argument parsing: imports jax
   results: dict[str, list[dict[str, float]]] = {}
   seconds: dict[str, list[float]] = {}
@@ -270,7 +289,7 @@ def _compare(a: argparse.Namespace) -> dict:
     results.setdefault(run.name, []).append(final_metrics(run.workdir))
     seconds.setdefault(run.name, []).append(
         report.seconds_per_round(os.path.join(run.workdir, 'timing.jsonl')))
-  md, csv_text = comparison_table(results, a.reference, seconds)
+  md, csv_text = comparison_table(results, a.reference, seconds, pairs)
   os.makedirs(a.out, exist_ok=True)
   report.atomic_write(os.path.join(a.out, 'comparison.md'), md)
   report.atomic_write(os.path.join(a.out, 'comparison.csv'), csv_text)

@@ -198,3 +198,21 @@ def test_command_line_error_has_no_traceback(tmp_path):
   assert r.returncode == 2
   assert r.stderr.strip().splitlines() == [
       "error: --run m: config file 'configs/nope.py' does not exist; e.g. --config=configs/hca2.py"]
+
+
+def test_pairs_give_a_method_its_own_delta_m_reference():
+  cols = lambda v: {'c0/semseg mIoU': v, 'c0/depth RMSE': 1.0}
+  results = {'base': [cols(40.)], 'base+dea': [cols(44.)], 'other': [cols(20.)]}
+  md, csv_text = compare.comparison_table(results, 'other', pairs={'base+dea': 'base'})
+  rows = {line.split('|')[1].strip(): line for line in md.splitlines()[2:]}
+  assert '5.00 (base)' in rows['base+dea']  # (44/40 - 1) / 2 tasks
+  assert '50.00 (other)' in rows['base']
+  assert ',5.0' in csv_text.splitlines()[2]
+
+
+def test_a_pair_naming_an_unknown_run_is_one_error_line(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    compare.main(['--out', str(tmp_path), '--run', f'a={FEDAVG}', '--pair', 'a=b'])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: --pair 'a=b': expected NAME=REF with both names given by --run; runs: a"]

@@ -474,3 +474,25 @@ def test_bad_bases_and_modules_are_one_clear_error(spec, blocks, message):
   with pytest.raises(ConfigError) as e:
     algorithms.get_algorithm(spec, _info(), _cfg(**blocks))
   assert message in str(e.value) and '\n' not in str(e.value)
+
+
+def test_moon_client_term_is_the_contrastive_loss_of_the_three_representations():
+  info = _info(decoder_client=(0, 1, 2, 3), keys=TASK_KEYS)
+  alg = algorithms.get_algorithm('moon', info, _cfg(moon={'mu': 1.0, 'tau': 0.5}))
+  from fedjax_mtl.algorithms import ClientCtx
+  rng = np.random.default_rng(15)
+  params = {'encoder': {'w': jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)}}
+  start = {'encoder': {'w': jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)}}
+  image = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
+  features = lambda enc: image @ enc['w']  # a stand-in encoder: [B, 4] representations
+  state = alg.client.init(start)  # the previous local model: the round-0 global model
+  ctx = lambda p, s: ClientCtx(p, start, s, {}, {}, {}, features=features)
+  want = plugin_math.moon_loss(features(params['encoder']), features(start['encoder']),
+                               features(state), 1.0, 0.5)
+  np.testing.assert_allclose(alg.client.loss(ctx(params, state)), want, rtol=1e-6)
+  # Before a client's first round its previous model is the global one: no gradient.
+  g = jax.grad(lambda p: alg.client.loss(ctx(p, state)))(params)
+  np.testing.assert_allclose(g['encoder']['w'], 0., atol=1e-6)
+  _, new_state = alg.client.finalize(params, start, state)
+  np.testing.assert_array_equal(new_state['w'], params['encoder']['w'])
+  assert alg.roles == {'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'}

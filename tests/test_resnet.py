@@ -310,3 +310,22 @@ def test_load_checkpoint_file(tmp_path):
   assert convert.count_params(params) == RESNET18_PARAMS
   with pytest.raises(ConfigError, match='does not exist'):
     convert_resnet.load_resnet_checkpoint(tmp_path / 'missing.pth')
+
+
+def test_pretrained_path_loads_params_and_running_statistics(tmp_path):
+  """`model.pretrained_path` for a ResNet: the engine's loader returns the converted
+  params and batch-norm statistics, checked against the client's encoder shapes."""
+  from fedjax_mtl import experiment
+  sd = _torch_sd()
+  path = tmp_path / 'rn18.npz'
+  np.savez(path, **sd)
+  model = resnet.resnet18()
+  like = _init(model)
+  enc = experiment.load_pretrained_encoder(str(path), model, like)
+  np.testing.assert_array_equal(enc['batch_stats']['bn1']['var'], sd['bn1.running_var'])
+  np.testing.assert_array_equal(enc['params']['conv1']['kernel'],
+                                sd['conv1.weight'].transpose(2, 3, 1, 0))
+  with pytest.raises(ConfigError, match='do not match model'):
+    other = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[:-1] + (x.shape[-1] + 1,),
+                                                        x.dtype), like)
+    experiment.load_pretrained_encoder(str(path), model, other)

@@ -25,7 +25,7 @@ from typing import Callable
 import ml_collections
 
 from fedjax_mtl.algorithms import (ditto, enhance, fedamp, fedavg, fedbabu, fedbn, feddyn,
-                                   fednova, fedper, fedprox, fedsta, hca2, local, matfl,
+                                   fednova, fedper, fedprox, fedsta, hca2, local, matfl, moon,
                                    plugin_math, rules)
 from fedjax_mtl.algorithms.base import (UNIFIED_MODES, Algorithm, Client, ClientCtx, FedInfo,
                                         Server, ServerInputs, ServerState, config_block,
@@ -47,6 +47,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     'fednova': fednova.build,
     'feddyn': feddyn.build,
     'fedbn': fedbn.build,
+    'moon': moon.build,
 }
 
 
@@ -56,7 +57,7 @@ def momentum_config() -> ml_collections.ConfigDict:
 
 # Bases that train one model for everyone with a server that treats every row
 # alike: the ones `config.unified` can run (FedDEA's plug-in bases).
-UNIFIED_BASES = ('fedavg', 'fedprox', 'fednova', 'feddyn', 'fedbn')
+UNIFIED_BASES = ('fedavg', 'fedprox', 'fednova', 'feddyn', 'fedbn', 'moon')
 
 
 def dea_config() -> ml_collections.ConfigDict:

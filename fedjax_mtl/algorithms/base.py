@@ -143,6 +143,9 @@ class ClientCtx(NamedTuple):
   server_rows: Mapping[str, PyTree]  # this client's rows of the server's per-row state
   labels: PyTree  # role of every parameter leaf (same structure as params)
   batch: Mapping[str, jax.Array]
+  # features(encoder_params) -> [B, C]: the encoder's last-stage map of this step's
+  # images, averaged over space (MOON's representation), under the given params.
+  features: Callable[[PyTree], jax.Array] | None = None
 
 
 def plain_forward(apply: Callable, params: PyTree, start: PyTree, batch_stats: PyTree,
