@@ -195,6 +195,7 @@ class StreamedFeed:
     while the device trains on the current one (`progress` counts a chunk's
     steps when it is dispatched, so that it never waits for the device)."""
     feed = self._iter()
+    state = rounds.begin_round(self.exp, state)
     groups = list(state.groups)
     start = _copy([gs.params for gs in groups])
     accs = [{'loss_sum': jnp.zeros((g.num_total, g.num_slots), jnp.float32),

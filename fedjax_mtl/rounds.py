@@ -34,6 +34,23 @@ def group_key(state: FedState, g: int) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(state.rng, state.round), g)
 
 
+def begin_round(exp: Experiment, state: FedState) -> FedState:
+  """The state whose params local training starts from: each client's params through
+  the client part's `begin(params, server_rows, labels)` (one jitted program, cached
+  per experiment), or `state` itself when the algorithm has none."""
+  begin = exp.algorithm.client.begin
+  if begin is None:
+    return state
+  if 'begin' not in exp.compiled:
+    def fn(params, rows):
+      return [jax.vmap(lambda p, r, lab=lab: begin(p, r, lab))(p, r)
+              for p, r, lab in zip(params, rows, exp.labels)]
+    exp.compiled['begin'] = jax.jit(fn, out_shardings=exp.client_sharding)
+  params = exp.compiled['begin']([gs.params for gs in state.groups],
+                                 [gs.server_rows for gs in state.groups])
+  return state.replace(groups=[gs.replace(params=p) for gs, p in zip(state.groups, params)])
+
+
 def finalize(exp: Experiment, trained: list[GroupState], start: list) -> tuple[list, list]:
   """The client part's finalize on every group: (group states, uploads)."""
   out = [local.finalize_group(exp.algorithm, gs, s) for gs, s in zip(trained, start)]
@@ -216,6 +233,7 @@ def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data,
   `progress(steps)`, if given, is called as each group finishes (waiting for it)."""
   groups, metrics = [], []
   steps = group_steps(exp)
+  state = begin_round(exp, state)
   for g, (spec, fn) in enumerate(zip(exp.fed.groups, train_fns)):
     gs, m = fn(state.groups[g], data[spec.dataset]['train'], state.round, state.rng)
     groups.append(gs)

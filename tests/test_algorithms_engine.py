@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from fedjax_mtl import algorithms, experiment, train
+from fedjax_mtl import algorithms, experiment, federation, train
 
 
 def _rows_equal(tree):
@@ -16,7 +16,7 @@ def _rows_equal(tree):
 
 
 @pytest.mark.parametrize('name', ['fedprox', 'fedper', 'ditto', 'fedamp', 'fedbabu', 'fedsta',
-                                  'matfl'])
+                                  'matfl', 'fedacg'])
 def test_two_round_run(name, tmp_path):
   mod = getattr(algorithms, name)
   blocks = {name: mod.default_config()} if hasattr(mod, 'default_config') else {}
@@ -58,3 +58,10 @@ def test_two_round_run(name, tmp_path):
     rows = [r for r in train.report.read_jsonl(f'{wd}/metrics.jsonl') if r['type'] == 'agg']
     w = np.asarray(rows[-1]['matfl_encoder_weights'])
     np.testing.assert_allclose(w.sum(1), 1., rtol=1e-5)
+  if name == 'fedacg':  # m^1 = θ^1 − θ^0 (the first lookahead is θ^0); kept per client row
+    m = jax.device_get(federation.gather_rows(
+        [g.server_rows['encoder']['acg_momentum'] for g in first.groups], exp.fed, 'encoder'))
+    enc0 = view(init, 'encoder')
+    jax.tree.map(lambda a, b, c: np.testing.assert_allclose(a, b - c, rtol=1e-5, atol=1e-6),
+                 m, enc1, enc0)
+    assert _rows_equal(enc2)

@@ -496,3 +496,34 @@ def test_moon_client_term_is_the_contrastive_loss_of_the_three_representations()
   _, new_state = alg.client.finalize(params, start, state)
   np.testing.assert_array_equal(new_state['w'], params['encoder']['w'])
   assert alg.roles == {'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'}
+
+
+def test_fedacg_lookahead_and_momentum_over_two_rounds():
+  from fedjax_mtl.algorithms import fedacg
+  from fedjax_mtl.models.multitask import param_roles
+  info = _info()
+  lam = 0.5
+  alg = algorithms.get_algorithm('fedacg', info, _cfg(fedacg={'lam': lam, 'beta': 0.01}))
+  rng = np.random.default_rng(16)
+  x = _start_equal(_inputs(rng, HETERO))
+  state = alg.server.init(x.prev)
+  m = {r: np.zeros(_flat(x.prev[r]).shape) for r in x.local}
+  for rnd in range(2):
+    out, state, _ = jax.jit(alg.server.apply)(state, x._replace(round=jnp.int32(rnd)))
+    for r in x.local:
+      mean = _flat(x.local[r]).mean(0)  # uniform FedAvg of the uploads: θ̃ + mean Δ
+      np.testing.assert_allclose(_flat(out[r]), np.tile(mean, (_flat(out[r]).shape[0], 1)),
+                                 rtol=1e-5, atol=1e-6)
+      m[r] = lam * m[r] + (_flat(out[r]) - _flat(x.prev[r]))
+      np.testing.assert_allclose(_flat(state.rows[r][fedacg.MOMENTUM]), m[r], rtol=1e-5,
+                                 atol=1e-6)
+    x = _start_equal(_inputs(rng, HETERO))
+  # A client starts from θ + λ m on its shared roles; heads are left alone.
+  params = {'encoder': {'w': jnp.ones((3,))}, 'decoders': {'k': jnp.ones((2, 2))},
+            'head_0': {'k': jnp.ones((2,))}}
+  rows = {'encoder': {fedacg.MOMENTUM: {'encoder': {'w': jnp.full((3,), 2.)}}},
+          'decoder': {fedacg.MOMENTUM: {'decoders': {'k': jnp.full((2, 2), 4.)}}}}
+  out = alg.client.begin(params, rows, param_roles(params))
+  np.testing.assert_allclose(out['encoder']['w'], 1. + lam * 2.)
+  np.testing.assert_allclose(out['decoders']['k'], 1. + lam * 4.)
+  np.testing.assert_array_equal(out['head_0']['k'], 1.)

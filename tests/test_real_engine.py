@@ -221,7 +221,7 @@ def _config_module(name):
 def test_paper_configs_for_every_layout(scenario):
   names = sorted(f[:-3] for f in os.listdir(os.path.join(os.path.dirname(__file__), '..',
                                                          'configs')) if f.endswith('.py'))
-  assert len(names) == 15  # every algorithm has a paper variant
+  assert len(names) == 16  # every algorithm has a paper variant
   for name in names:
     c = _config_module(name).get_config(f'paper,scenario={scenario}')
     assert c.algorithm == {'feddea': 'dea(fedavg)'}.get(name, name)

@@ -24,9 +24,9 @@ from typing import Callable
 
 import ml_collections
 
-from fedjax_mtl.algorithms import (ditto, enhance, fedamp, fedavg, fedbabu, fedbn, feddyn,
-                                   fednova, fedper, fedprox, fedsta, hca2, local, matfl, moon,
-                                   plugin_math, rules)
+from fedjax_mtl.algorithms import (ditto, enhance, fedacg, fedamp, fedavg, fedbabu, fedbn,
+                                   feddyn, fednova, fedper, fedprox, fedsta, hca2, local, matfl,
+                                   moon, plugin_math, rules)
 from fedjax_mtl.algorithms.base import (UNIFIED_MODES, Algorithm, Client, ClientCtx, FedInfo,
                                         Server, ServerInputs, ServerState, config_block,
                                         unified_mode)
@@ -48,6 +48,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     'feddyn': feddyn.build,
     'fedbn': fedbn.build,
     'moon': moon.build,
+    'fedacg': fedacg.build,
 }
 
 
@@ -57,7 +58,7 @@ def momentum_config() -> ml_collections.ConfigDict:
 
 # Bases that train one model for everyone with a server that treats every row
 # alike: the ones `config.unified` can run (FedDEA's plug-in bases).
-UNIFIED_BASES = ('fedavg', 'fedprox', 'fednova', 'feddyn', 'fedbn', 'moon')
+UNIFIED_BASES = ('fedavg', 'fedprox', 'fednova', 'feddyn', 'fedbn', 'moon', 'fedacg')
 
 
 def dea_config() -> ml_collections.ConfigDict:
@@ -200,10 +201,10 @@ def get_algorithm(spec: str, info: FedInfo, config=None) -> Algorithm:
                         f'{w}(fedavg)')
     alg = dataclasses.replace(alg, name=f'{w}({alg.name})',
                               server=WRAPPERS[w](alg, inner, config))
-  if alg.outermost is not None:
-    alg = dataclasses.replace(alg, server=alg.outermost(alg.server), outermost=None)
   if mode == 'literal':
     alg = dataclasses.replace(alg, server=rules.unified(alg.server, info))
+  if alg.outermost is not None:  # on the engine's rows (after `unified`)
+    alg = dataclasses.replace(alg, server=alg.outermost(alg.server), outermost=None)
   return alg
 
 

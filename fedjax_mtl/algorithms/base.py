@@ -7,8 +7,9 @@
   `personal` (trained, never leaves the client) or `frozen` (not trained).
 - **Client part** (`Client`, FedJAX's client_init/step/final shape), compiled
   into the vmapped local training: `init(params) -> state` once per client,
-  `loss(ctx)` extra loss terms, `finalize(params, start, state) -> (upload,
-  state)` after the local steps, and `forward` replaces the model's apply
+  `begin` the point local training starts from, `loss(ctx)` extra loss terms,
+  `finalize(params, start, state) -> (upload, state)` after the local steps,
+  and `forward` replaces the model's apply
   (NTK linearisation swaps it for a `jax.jvp` forward). Per-client state lives
   in the client groups, sharded along the `clients` axis like the parameters.
 - **Server part** (`Server`, optax's init/update shape) over the shared roles,
@@ -172,6 +173,10 @@ class Client:
   trainable: Callable[[jax.Array], Mapping[str, Any]] | None = None  # round -> role -> bool
   personal_model: bool = False
   personal_loss: Callable[[ClientCtx], jax.Array] | None = None
+  # begin(params, server_rows, labels) -> params: where the client's local training
+  # starts from the params the server left it (FedACG's lookahead θ + λm); the
+  # result is also the round's start point the server sees (`ServerInputs.prev`).
+  begin: Callable[[PyTree, Mapping[str, PyTree], PyTree], PyTree] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,14 @@
+"""FedACG: lookahead starts, server momentum λ = 0.85, β = 2e-3 (a FedDEA plug-in base).
+
+On the hetero-client benchmark by default; `configs/feddea.py` runs it in the
+unified-model setting with `--config.algorithm='dea(fedacg)'`.
+"""
+
+from fedjax_mtl.algorithms.fedacg import default_config
+from fedjax_mtl.defaults import base_config
+
+
+def get_config(arg=None):
+  c = base_config(arg, algorithm='fedacg')
+  c.fedacg = default_config()
+  return c
