@@ -134,8 +134,11 @@ def config_diffs(config, workdir: str) -> list[str]:
     old = _flat(run_fields(f.read()))
   new = _flat(run_fields(config))
   # A field this version added (absent from the old run's config) matches when the
-  # run uses its default: the old run behaved as the default does.
+  # run uses its default (an algorithm block's too): the old run behaved as the
+  # default does.
   default = _flat(run_fields(base_config()))
+  default.update(_flat({name: block.to_dict()
+                        for name, block in validate.block_defaults().items()}))
   for k in set(new) - set(old):
     if k in default and new[k] == default[k]:
       old[k] = new[k]

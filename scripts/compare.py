@@ -231,6 +231,38 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
   return plan
 
 
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+  """--seeds, --rerun_changed and --xla_cache_dir (shared with scripts/rho_sweep.py)."""
+  p.add_argument('--seeds', default='0', help='comma-separated training seeds')
+  p.add_argument('--rerun_changed', action='store_true',
+                 help='a run folder holding a run of another config is moved to '
+                      '<folder>.replaced-<n> and run again (default: stop with an error)')
+  p.add_argument('--xla_cache_dir', default='~/.cache/fedjax_mtl/xla',
+                 help="persistent XLA compilation cache, as fedjax_mtl.main ('none': off); "
+                      'seeds after the first reuse the compiled programs')
+
+
+def use_xla_cache(cache_dir: str) -> None:
+  """The persistent compilation cache (unless 'none' or set by the environment)."""
+  import jax
+  if cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(cache_dir))
+
+
+def execute(run: Run) -> None:
+  """Bring one planned run to its end: a finished run of the same config is left as
+  it is, an interrupted one resumes, another config's run is moved aside first."""
+  from fedjax_mtl import train
+  if run.action == 'replace':
+    old = _aside(run.workdir)
+    os.rename(run.workdir, old)
+    print(f'== {run.name} seed {run.seed}: config changed (fields: {", ".join(run.diffs)}); '
+          f'the old run is now {old}', flush=True)
+  if run.action != 'reuse':
+    print(f'== {run.name} seed {run.seed}: {run.spec}', flush=True)
+    train.train_and_evaluate(run.config, run.workdir)
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -238,17 +270,11 @@ def main(argv=None) -> dict:
                  'OUT/comparison.md and OUT/comparison.csv')
   p.add_argument('--run', action='append', required=True,
                  help='one method: NAME=CONFIG[:ARG] [field=value ...] (repeat per method)')
-  p.add_argument('--seeds', default='0', help='comma-separated training seeds')
   p.add_argument('--reference', default='local', help='run name Δm is relative to')
   p.add_argument('--pair', action='append', default=[],
                  help='NAME=REF: Δm of run NAME against run REF instead of --reference '
                       '(repeat; e.g. fedavg+dea=fedavg)')
-  p.add_argument('--rerun_changed', action='store_true',
-                 help='a run folder holding a run of another config is moved to '
-                      '<folder>.replaced-<n> and run again (default: stop with an error)')
-  p.add_argument('--xla_cache_dir', default='~/.cache/fedjax_mtl/xla',
-                 help="persistent XLA compilation cache, as fedjax_mtl.main ('none': off); "
-                      'seeds after the first reuse the compiled programs')
+  add_run_flags(p)
   a = p.parse_args(argv)
   try:
     return _compare(a)
@@ -263,9 +289,7 @@ def _compare(a: argparse.Namespace) -> dict:
     seeds = [int(s) for s in a.seeds.split(',')]
   except ValueError:
     raise ConfigError(f'--seeds={a.seeds}: expected comma-separated integers, e.g. 0,1') from None
-  import jax
-  if a.xla_cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(a.xla_cache_dir))
+  use_xla_cache(a.xla_cache_dir)
   pairs = {}
   names = {item.partition('=')[0] for item in a.run}
   for item in a.pair:
@@ -274,18 +298,10 @@ def _compare(a: argparse.Namespace) -> dict:
       raise ConfigError(f'--pair {item!r}: expected NAME=REF with both names given by --run; '
                         'runs: ' + ', '.join(sorted(names)))
     pairs[name] = ref
-  from fedjax_mtl import train  # after argument parsing: imports jax
   results: dict[str, list[dict[str, float]]] = {}
   seconds: dict[str, list[float]] = {}
   for run in plan_runs(a.run, seeds, a.out, a.rerun_changed):
-    if run.action == 'replace':
-      old = _aside(run.workdir)
-      os.rename(run.workdir, old)
-      print(f'== {run.name} seed {run.seed}: config changed (fields: {", ".join(run.diffs)}); '
-            f'the old run is now {old}', flush=True)
-    if run.action != 'reuse':
-      print(f'== {run.name} seed {run.seed}: {run.spec}', flush=True)
-      train.train_and_evaluate(run.config, run.workdir)
+    execute(run)
     results.setdefault(run.name, []).append(final_metrics(run.workdir))
     seconds.setdefault(run.name, []).append(
         report.seconds_per_round(os.path.join(run.workdir, 'timing.jsonl')))

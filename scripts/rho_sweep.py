@@ -87,11 +87,7 @@ def main(argv=None) -> dict:
                  help='CONFIG[:ARG] [field=value ...] of the DEA runs (its dea.rho is swept)')
   p.add_argument('--rhos', default='0.1,0.2,0.25,0.3,0.5,0.7,1.0',
                  help='comma-separated ρ values; 1.0 (the base) is always added')
-  p.add_argument('--seeds', default='0', help='comma-separated training seeds')
-  p.add_argument('--rerun_changed', action='store_true',
-                 help="move a folder holding another config's run aside and run again")
-  p.add_argument('--xla_cache_dir', default='~/.cache/fedjax_mtl/xla',
-                 help="persistent XLA compilation cache ('none': off)")
+  compare.add_run_flags(p)
   a = p.parse_args(argv)
   try:
     return _sweep(a)
@@ -110,10 +106,7 @@ def _sweep(a: argparse.Namespace) -> dict:
   bad = [r for r in rhos if not 0 < r <= 1]
   if bad:
     raise ConfigError(f'--rhos: {bad[0]:g} is out of range; valid range: 0 < rho <= 1')
-  import jax
-  if a.xla_cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(a.xla_cache_dir))
-  from fedjax_mtl import train
+  compare.use_xla_cache(a.xla_cache_dir)
   runs = [f'rho{r:g}={a.config} dea.rho={r}' for r in rhos]
   plan = compare.plan_runs(runs, seeds, a.out, a.rerun_changed)
   algorithm = plan[0].config.algorithm
@@ -122,11 +115,7 @@ def _sweep(a: argparse.Namespace) -> dict:
   finals: dict[float, list[dict]] = {r: [] for r in rhos}
   amp: dict[float, list[float]] = {r: [] for r in rhos}
   for run in plan:
-    if run.action == 'replace':
-      os.rename(run.workdir, compare._aside(run.workdir))
-    if run.action != 'reuse':
-      print(f'== {run.name} seed {run.seed}', flush=True)
-      train.train_and_evaluate(run.config, run.workdir)
+    compare.execute(run)
     rho = float(run.config.dea.rho)
     finals[rho].append(compare.final_metrics(run.workdir))
     amp[rho].append(mean_amplification(run.workdir))

@@ -126,3 +126,20 @@ def test_workdir_of_an_older_version_resumes_when_new_fields_keep_defaults(tmp_p
   other = tiny_config(**{'data.augment': 'device'})
   with pytest.raises(ConfigError, match=r'different config \(fields: data\)'):
     train._check_workdir(other, str(tmp_path))
+  # An algorithm block a config file added since, at its defaults, matches too; the
+  # retired 'masked' block (now 'dea') matters only to a run whose algorithm named it.
+  from fedjax_mtl.algorithms import fedacg
+  old['masked'] = {'rho': 0.3, 'rescale': True}
+  del old['dea']
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  new = tiny_config()
+  new.fedacg = fedacg.default_config()
+  del new['dea']
+  train._check_workdir(new, str(tmp_path))
+  new.fedacg.lam = 0.5
+  with pytest.raises(ConfigError, match=r'different config \(fields: fedacg\)'):
+    train._check_workdir(new, str(tmp_path))
+  old['algorithm'] = 'masked(fedavg)'
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  with pytest.raises(ConfigError, match=r'different config \(fields: algorithm, masked\)'):
+    train._check_workdir(tiny_config(), str(tmp_path))
