@@ -10,14 +10,14 @@ splits) train ONE unified model, the encoder plus every task's decoder and head.
   batch 8, AdamW 1e-4 (weight decay 1e-4), 5 warm-up epochs then cosine by
   global epoch, per-client AdamW state kept across rounds (A7).
 `dataset=pascal` works in every variant. Overrides: the base
-(`--config.algorithm='dea(fedprox)'`; fedavg, fedprox, fednova, feddyn, fedbn, moon, fedacg),
+(`--config.algorithm='dea(fedprox)'`; fedavg, fedprox, fednova, feddyn, fedbn, moon, fedacg, fedga),
 the enhancement modules FedDEA is compared with (`pcgrad(fedavg)`, `heal(fedavg)`), ρ (`--config.dea.rho=0.5`), the ablations
 (`--config.dea.variant=small|random`, `--config.dea.rescale=False`), the step
 control (`--config.algorithm=dea(fedavg) --config.dea.rho=1 --config.dea.server_lr=2`),
 A1 (`--config.unified=owner`), and no DEA at all (`--config.algorithm=fedavg`).
 """
 
-from fedjax_mtl.algorithms import fedacg, fedavg, feddyn, fedprox, moon
+from fedjax_mtl.algorithms import fedacg, fedavg, feddyn, fedga, fedprox, moon
 from fedjax_mtl.defaults import base_config
 from fedjax_mtl.tasks import DATASETS as TASKS
 
@@ -41,6 +41,7 @@ def _setup(c, variant, items):
   c.feddyn = feddyn.default_config()
   c.moon = moon.default_config()
   c.fedacg = fedacg.default_config()
+  c.fedga = fedga.default_config()
   if variant == 'paper':
     c.local_epochs = dict(PAPER_EPOCHS)
 

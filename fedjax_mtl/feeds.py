@@ -199,7 +199,10 @@ class StreamedFeed:
     groups = list(state.groups)
     start = _copy([gs.params for gs in groups])
     accs = [{'loss_sum': jnp.zeros((g.num_total, g.num_slots), jnp.float32),
-             'steps': jnp.zeros((g.num_total,), jnp.int32)} for g in self.exp.fed.groups]
+             'steps': jnp.zeros((g.num_total,), jnp.int32),
+             'first_loss': jnp.zeros((g.num_total,), jnp.float32),
+             'last_loss': jnp.zeros((g.num_total,), jnp.float32)}
+            for g in self.exp.fed.groups]
     accs = jax.device_put(accs, self.exp.client_sharding)
     done = [0] * len(groups)  # steps dispatched per group
     for _ in range(self.train_chunks.per_round):

@@ -168,7 +168,7 @@ def _sgd_step(tx, lr_t, grads, opt_state, params, mask):
 
 def _make_client_scan(group: GroupSpec, model_train, tx: optax.GradientTransformation,
                       alg: Algorithm, labels: PyTree, get_batch: Callable) -> Callable:
-  """`scan(cs, start, tids, xs, key, round) -> (cs, loss_sum)` of one client.
+  """`scan(cs, start, tids, xs, key, round) -> (cs, loss_sum, step_losses)` of one client.
 
   `cs` is the client's `GroupState` slice, `start` the params it started the
   round from; `xs` = (batch source, mask, lr, step) per step; `get_batch(source)`
@@ -216,9 +216,21 @@ def _make_client_scan(group: GroupSpec, model_train, tx: optax.GradientTransform
       return keep(new, cs), slot_loss * m_t
 
     cs, losses = jax.lax.scan(step, cs, xs)
-    return cs, jnp.sum(losses, 0)
+    return cs, jnp.sum(losses, 0), jnp.sum(losses, 1)
 
   return scan
+
+
+def edge_losses(totals: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(loss of the first step, loss of the last real step) of one client's steps:
+  the model it started from, and (one step before) the model it ends with, each
+  on one batch (FedGA's generalisation gap reads them). `totals` [T] are the
+  steps' summed task losses, `mask` [T] their real-step mask; 0 without real steps."""
+  real = mask.astype(bool)
+  last = totals.shape[0] - 1 - jnp.argmax(real[::-1])
+  first = jnp.argmax(real)
+  some = jnp.any(real)
+  return jnp.where(some, totals[first], 0.), jnp.where(some, totals[last], 0.)
 
 
 def finalize_group(alg: Algorithm, gstate: GroupState, start: PyTree) -> tuple[GroupState, PyTree]:
@@ -241,8 +253,8 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   `gstate` is the group's `GroupState` (leading client axis); `data` = the
   dataset's train arrays (shared by all clients of the group), on device; each
   client's batches are gathered by index inside the step. The returned params
-  are the clients' trained params; `metrics` has per-client 'loss' [n, slots]
-  and 'steps' [n].
+  are the clients' trained params; `metrics` has per-client 'loss' [n, slots],
+  'steps' [n], and 'first_loss' / 'last_loss' [n] (`edge_losses`).
   """
   epochs = group.local_epochs
   index_table = jnp.asarray(group.index_table)
@@ -254,8 +266,8 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     scan = _make_client_scan(group, model_train, tx, alg, labels,
                              lambda i: {k: data[k][i] for k in used})
     steps = jnp.arange(idx.shape[0])
-    cs, loss_sum = scan(cs, cs.params, tids, (idx, mask, lrs, steps), key, round_idx)
-    return cs, loss_sum / jnp.maximum(jnp.sum(mask), 1)
+    cs, loss_sum, totals = scan(cs, cs.params, tids, (idx, mask, lrs, steps), key, round_idx)
+    return cs, (loss_sum / jnp.maximum(jnp.sum(mask), 1), *edge_losses(totals, mask))
 
   def train(gstate: GroupState, data, round_idx, key):
     keys, step_keys = _client_keys(key, group.num_total)
@@ -267,7 +279,9 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     lrs = epoch_lr(epoch_of_step, optim_cfg, total_rounds * epochs)
     gstate, loss = jax.vmap(train_client, in_axes=(0, 0, 0, 0, None, None, 0, None))(
         gstate, task_ids, idx, mask, lrs, data, step_keys, round_idx)
-    return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1)}
+    loss, first, last = loss
+    return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1), 'first_loss': first,
+                    'last_loss': last}
 
   return train
 
@@ -280,7 +294,8 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   batches [n, T, B, ...], 'mask' [n, T], 'epoch' [T] absolute local epochs,
   'step' [T] positions in the round}; `key` is the group's round key (as in
   `make_group_trainer`, so dropout streams match per step). `acc` =
-  {'loss_sum' [n, slots], 'steps' [n]} accumulates over a round's chunks.
+  {'loss_sum' [n, slots], 'steps' [n], 'first_loss' [n], 'last_loss' [n]}
+  accumulates over a round's chunks.
   """
   task_ids = jnp.asarray(group.task_ids)
   scan = _make_client_scan(group, model_train, tx, alg, labels, lambda b: b)
@@ -289,11 +304,15 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   def train_chunk(gstate, start, acc, chunk, key, round_idx):
     _, step_keys = _client_keys(key, group.num_total)
     lrs = epoch_lr(chunk['epoch'], optim_cfg, total_epochs)
-    gstate, loss_sum = jax.vmap(
+    gstate, loss_sum, totals = jax.vmap(
         lambda cs, s, t, x, m, k: scan(cs, s, t, (x, m, lrs, chunk['step']), k, round_idx))(
             gstate, start, task_ids, chunk['x'], chunk['mask'], step_keys)
+    first, last = jax.vmap(edge_losses)(totals, chunk['mask'])
+    real = jnp.any(chunk['mask'].astype(bool), axis=1)
     acc = {'loss_sum': acc['loss_sum'] + loss_sum,
-           'steps': acc['steps'] + jnp.sum(chunk['mask'], 1)}
+           'steps': acc['steps'] + jnp.sum(chunk['mask'], 1),
+           'first_loss': jnp.where(chunk['step'][0] == 0, first, acc['first_loss']),
+           'last_loss': jnp.where(real, last, acc['last_loss'])}
     return gstate, acc
 
   return train_chunk

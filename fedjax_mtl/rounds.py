@@ -79,13 +79,17 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
     return to_server(federation.gather_blocks(trees, fed, role))
 
   steps = jnp.concatenate([m['steps'][:g.num_real] for m, g in zip(metrics, fed.groups)])
+  edge = {k: jnp.concatenate([m[k][:g.num_real] if k in m else jnp.zeros((g.num_real,))
+                              for m, g in zip(metrics, fed.groups)])
+          for k in ('first_loss', 'last_loss')}
   inputs = ServerInputs(
       prev={r: gather([role_view(p, lab, r) for p, lab in zip(start, exp.labels)], r)
             for r in roles},
       local={r: gather([role_view(p, lab, r) for p, lab in zip(uploads, exp.labels)], r)
              for r in roles},
       num_examples=jnp.asarray(fed.num_examples), num_steps=steps.astype(jnp.int32),
-      client_ids=jnp.arange(fed.num_clients, dtype=jnp.int32), round=state.round)
+      client_ids=jnp.arange(fed.num_clients, dtype=jnp.int32), round=state.round,
+      first_loss=edge['first_loss'], last_loss=edge['last_loss'])
   row_roles = trained[0].server_rows.keys() if trained[0].server_rows else ()
   rows = {r: gather([gs.server_rows[r] for gs in trained], r) for r in row_roles}
   new, sstate, logs = alg.server.apply(ServerState(state.server, rows), inputs)
@@ -183,14 +187,16 @@ def make_agg_fn(exp: Experiment, streamed: bool = False):
   copies a donated input that a loop reads before an output overwrites it (the
   Gram pass does), and JAX pairs donated inputs with outputs by shape, so a
   donated params tree would cost a full copy of every encoder.
-  `metrics` per group: {'loss' [n, slots], 'steps' [n]}, or with `streamed`
-  the chunk accumulators {'loss_sum', 'steps'}. The outputs carry the round's
+  `metrics` per group: {'loss' [n, slots], 'steps' [n], 'first_loss' [n],
+  'last_loss' [n]}, or with `streamed` the chunk accumulators {'loss_sum',
+  'steps', 'first_loss', 'last_loss'}. The outputs carry the round's
   `health` flags (non-finite losses, params, aggregation results).
   """
   def agg_fn(core: FedState, params, start, metrics):
     if streamed:
       metrics = [{'loss': a['loss_sum'] / jnp.maximum(a['steps'], 1)[:, None],
-                  'steps': a['steps']} for a in metrics]
+                  'steps': a['steps'],
+                  **{k: a[k] for k in ('first_loss', 'last_loss') if k in a}} for a in metrics]
     groups = [GroupState(params=p, batch_stats=None, opt_state=None, client=c['client'],
                          server_rows=c['server_rows'], personal=None)
               for p, c in zip(params, core.groups)]

@@ -8,7 +8,7 @@ fedjax_mtl.config_doc` prints it); a field's type is its default's type
 
 Ranges the algorithms' `build()` already checks with a ConfigError (hca2.ca_c,
 fedprox.mu, ditto.lam, fedamp.*, fedbabu/fedsta round counts, matfl.num_clusters,
-momentum.*, dea.rho, dea.server_lr, heal.*, feddyn.alpha, moon.*, fedacg.*) are
+momentum.*, dea.rho, dea.server_lr, heal.*, feddyn.alpha, moon.*, fedacg.*, fedga.*) are
 left to them: `experiment.build` runs before the first write too. Impossible
 client splits and missing data caches are also found there (they depend on the
 data).
@@ -196,6 +196,8 @@ FIELDS: dict[str, Field] = {
     'fedacg.lam': Field('FedACG: momentum λ of the server update and of the lookahead, '
                         'in [0, 1)'),
     'fedacg.beta': Field('FedACG: coefficient β of β/2 ‖θ − θ_lookahead‖², >= 0'),
+    'fedga.step_size': Field('FedGA (FedDG-GA): initial step d of the client-weight update, '
+                             'decaying linearly over the rounds, >= 0'),
     'moon.mu': Field('MOON: weight μ of the model-contrastive loss, >= 0'),
     'moon.tau': Field('MOON: temperature τ of the model-contrastive loss, > 0'),
     'ditto.lam': Field("Ditto: pull λ of the personal model to the global one, >= 0"),

@@ -527,3 +527,38 @@ def test_fedacg_lookahead_and_momentum_over_two_rounds():
   np.testing.assert_allclose(out['encoder']['w'], 1. + lam * 2.)
   np.testing.assert_allclose(out['decoders']['k'], 1. + lam * 4.)
   np.testing.assert_array_equal(out['head_0']['k'], 1.)
+
+
+def test_edge_losses_pick_the_first_and_the_last_real_step():
+  from fedjax_mtl.local import edge_losses
+  totals = jnp.asarray([5., 4., 9., 3., 2., 7.])
+  mask = jnp.asarray([1, 1, 0, 1, 1, 0])  # epochs of 3 steps, the last of each padding
+  first, last = edge_losses(totals, mask)
+  assert float(first) == 5. and float(last) == 2.
+  assert [float(v) for v in edge_losses(totals, jnp.zeros(6))] == [0., 0.]
+
+
+def test_fedga_weights_follow_the_generalisation_gaps_over_two_rounds():
+  info = _info(decoder_client=(0, 1, 2, 3), keys=TASK_KEYS)
+  d = 0.2
+  alg = algorithms.get_algorithm('fedga', info, _cfg(fedga={'step_size': d}))
+  rng = np.random.default_rng(17)
+  x = _start_equal(_inputs(rng, {'encoder': (N, ENC), 'decoder': (N, DEC)}))
+  last0 = jnp.asarray([1.0, 2.0, 1.5, 0.5])
+  first1 = jnp.asarray([1.2, 2.0, 1.0, 0.9])
+  state = alg.server.init(x.prev)
+  out, state, logs = jax.jit(alg.server.apply)(
+      state, x._replace(round=jnp.int32(0), first_loss=first1 * 0, last_loss=last0))
+  np.testing.assert_allclose(logs['fedga_weights'], 0.25)  # round 0: uniform, no gap yet
+  np.testing.assert_allclose(_flat(out['encoder']), np.tile(_flat(x.local['encoder']).mean(0),
+                                                              (N, 1)), rtol=1e-5, atol=1e-6)
+  out, state, logs = jax.jit(alg.server.apply)(
+      state, x._replace(round=jnp.int32(1), first_loss=first1, last_loss=last0))
+  gaps = np.asarray(first1 - last0)
+  a = np.clip(0.25 + d * (1 - 0 / 3) / N * gaps / np.abs(gaps).max(), 0, 1)
+  a = a / a.sum()
+  np.testing.assert_allclose(logs['fedga_weights'], a, rtol=1e-6)
+  np.testing.assert_allclose(logs['fedga_gaps'], gaps, rtol=1e-6)
+  for r in x.local:
+    np.testing.assert_allclose(_flat(out[r]), np.tile((a[:, None] * _flat(x.local[r])).sum(0),
+                                                      (N, 1)), rtol=1e-5, atol=1e-6)

@@ -173,7 +173,8 @@ def test_chunk_trainer_matches_in_memory_trainer():
   gs = state.groups[g]
   start = gs.params
   acc = {'loss_sum': jnp.zeros((spec.num_total, spec.num_slots)),
-         'steps': jnp.zeros((spec.num_total,), jnp.int32)}
+         'steps': jnp.zeros((spec.num_total,), jnp.int32),
+         'first_loss': jnp.zeros((spec.num_total,)), 'last_loss': jnp.zeros((spec.num_total,))}
   t_len = 3
   for t0 in range(0, total, t_len):
     steps = np.arange(t0, t0 + t_len)
@@ -187,6 +188,9 @@ def test_chunk_trainer_matches_in_memory_trainer():
   got_loss = acc['loss_sum'] / jnp.maximum(acc['steps'], 1)[:, None]
   np.testing.assert_array_equal(np.asarray(acc['steps']), np.asarray(want_m['steps']))
   np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_m['loss']), rtol=1e-5)
+  for k in ('first_loss', 'last_loss'):  # FedGA's losses: the same steps either way
+    np.testing.assert_allclose(np.asarray(acc[k]), np.asarray(want_m[k]), rtol=1e-5)
+  assert np.all(np.asarray(want_m['first_loss'])[:spec.num_real] > 0)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                jax.tree.map(np.asarray, gs), jax.tree.map(np.asarray, want))
 
@@ -221,7 +225,7 @@ def _config_module(name):
 def test_paper_configs_for_every_layout(scenario):
   names = sorted(f[:-3] for f in os.listdir(os.path.join(os.path.dirname(__file__), '..',
                                                          'configs')) if f.endswith('.py'))
-  assert len(names) == 16  # every algorithm has a paper variant
+  assert len(names) == 17  # every algorithm has a paper variant
   for name in names:
     c = _config_module(name).get_config(f'paper,scenario={scenario}')
     assert c.algorithm == {'feddea': 'dea(fedavg)'}.get(name, name)

@@ -25,8 +25,8 @@ from typing import Callable
 import ml_collections
 
 from fedjax_mtl.algorithms import (ditto, enhance, fedacg, fedamp, fedavg, fedbabu, fedbn,
-                                   feddyn, fednova, fedper, fedprox, fedsta, hca2, local, matfl,
-                                   moon, plugin_math, rules)
+                                   feddyn, fedga, fednova, fedper, fedprox, fedsta, hca2, local,
+                                   matfl, moon, plugin_math, rules)
 from fedjax_mtl.algorithms.base import (UNIFIED_MODES, Algorithm, Client, ClientCtx, FedInfo,
                                         Server, ServerInputs, ServerState, config_block,
                                         unified_mode)
@@ -49,6 +49,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     'fedbn': fedbn.build,
     'moon': moon.build,
     'fedacg': fedacg.build,
+    'fedga': fedga.build,
 }
 
 
@@ -58,7 +59,7 @@ def momentum_config() -> ml_collections.ConfigDict:
 
 # Bases that train one model for everyone with a server that treats every row
 # alike: the ones `config.unified` can run (FedDEA's plug-in bases).
-UNIFIED_BASES = ('fedavg', 'fedprox', 'fednova', 'feddyn', 'fedbn', 'moon', 'fedacg')
+UNIFIED_BASES = ('fedavg', 'fedprox', 'fednova', 'feddyn', 'fedbn', 'moon', 'fedacg', 'fedga')
 
 
 def dea_config() -> ml_collections.ConfigDict:

@@ -72,6 +72,11 @@ class ServerInputs(NamedTuple):
   num_steps: jax.Array  # [N] int32, local steps each client actually took
   client_ids: jax.Array  # [N] int32
   round: jax.Array  # 0-based index of the round being aggregated
+  # [N] float32 summed task losses of each client's first local step (the model the
+  # server sent, on one batch) and of its last real step (its trained model one
+  # step before the end); FedGA's generalisation gaps read them.
+  first_loss: jax.Array | None = None
+  last_loss: jax.Array | None = None
 
 
 class ServerState(NamedTuple):

@@ -11,7 +11,6 @@ with θ_k = θ + Δ_k; under `dea(feddyn)` the masked update Δ̃_k enters both 
 """
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from fedjax_mtl.algorithms import fedavg, plugin_math, rules
