@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_mtl import algorithms, federation, local, scenarios
+from fedjax_mtl.algorithms import plugin_math
 from fedjax_mtl.algorithms.base import ServerState
 from fedjax_mtl.data import real, synthetic
 from fedjax_mtl.errors import ConfigError, check_choice
@@ -171,8 +172,7 @@ def _build(config) -> Experiment:
     h, w = config.data.resolution[g.dataset]
     shapes = jax.eval_shape(lambda m=m: m.init(jax.random.PRNGKey(0), jnp.zeros((1, h, w, 3))))
     labels.append(param_roles(shapes['params']))
-    norm_modules |= {tuple(str(getattr(k, 'key', k)) for k in path[:-1]) for path, _ in
-                     jax.tree_util.tree_leaves_with_path(shapes.get('batch_stats', {}))}
+    norm_modules |= plugin_math.norm_modules(shapes.get('batch_stats', {}))
   alg = algorithms.get_algorithm(config.algorithm, fed_info(fed, config.num_rounds,
                                                             frozenset(norm_modules)), config)
   if alg.roles.get('head') == 'shared' and len({g.head_channels for g in fed.groups}) > 1:

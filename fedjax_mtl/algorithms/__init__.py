@@ -209,5 +209,5 @@ def get_algorithm(spec: str, info: FedInfo, config=None) -> Algorithm:
   return alg
 
 
-__all__ = ['ALGORITHMS', 'UNIFIED_BASES', 'WRAPPERS', 'Algorithm', 'Client', 'ClientCtx', 'FedInfo', 'Server',
-           'ServerInputs', 'ServerState', 'get_algorithm', 'parse', 'rules']
+__all__ = ['ALGORITHMS', 'UNIFIED_BASES', 'WRAPPERS', 'Algorithm', 'Client', 'ClientCtx',
+           'FedInfo', 'Server', 'ServerInputs', 'ServerState', 'get_algorithm', 'parse', 'rules']

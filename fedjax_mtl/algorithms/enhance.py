@@ -20,7 +20,6 @@ or a base that shares the encoders only.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from fedjax_mtl.algorithms import plugin_math, rules
 from fedjax_mtl.algorithms.base import (FedInfo, Server, ServerInputs, ServerState, Views,
@@ -39,12 +38,6 @@ def check_one_row_per_client(name: str, roles: tuple[str, ...], info: FedInfo) -
           'with configs/feddea.py) or a base that shares the encoders only')
 
 
-def _add(prev: Views, step: Views) -> Views:
-  """prev + step per role, in float32, cast back to prev's dtype."""
-  return {r: jax.tree.map(lambda p, s: (p.astype(jnp.float32) + s).astype(p.dtype),
-                          prev[r], step[r]) for r in step}
-
-
 def pcgrad(rule: Server, info: FedInfo, seed: int = 0) -> Server:
   """PCGrad over the clients' updates, then `rule` (spec §2.5)."""
   def apply(state, x: ServerInputs):
@@ -54,7 +47,8 @@ def pcgrad(rule: Server, info: FedInfo, seed: int = 0) -> Server:
                                      info.num_clients)
     coef = plugin_math.pcgrad_coefficients(plugin_math.gram(deltas), order)
     projected = {r: mix_rows(coef, d) for r, d in deltas.items()}
-    new, st, logs = rule.apply(state, x._replace(prev=prev, local=_add(prev, projected)))
+    local = plugin_math.add_scaled(prev, projected)
+    new, st, logs = rule.apply(state, x._replace(prev=prev, local=local))
     return new, st, {**logs, 'pcgrad_coefficients': coef}
 
   return Server(init=rule.init, apply=apply)
@@ -88,7 +82,8 @@ def heal(rule: Server, info: FedInfo, weighting: str = 'uniform',
     step = {r: jax.tree.map(lambda t: t / w.reshape((-1,) + (1,) * (t.ndim - 1)), v)
             for r, v in terms.items()}
     inner = ServerState(state.shared['inner'], {r: v['inner'] for r, v in state.rows.items()})
-    new, st, logs = rule.apply(inner, x._replace(prev=prev, local=_add(prev, step)))
+    local = plugin_math.add_scaled(prev, step)
+    new, st, logs = rule.apply(inner, x._replace(prev=prev, local=local))
     rows = {r: {'inner': st.rows.get(r, {}), 'history': hs.history[r]} for r in deltas}
     shared = {'inner': st.shared, 'heal': (hs.weights, hs.delta, hs.count)}
     return new, ServerState(shared, rows), {**logs, 'heal_weights': heal_logs['weights']}

@@ -35,9 +35,8 @@ def begin(lam: float, roles: tuple[str, ...]):
   """`begin(params, server_rows, labels)`: the lookahead θ + λ m on the shared roles."""
   def fn(params, server_rows, labels):
     for r in roles:
-      view = role_view(params, labels, r)
-      ahead = jax.tree.map(lambda p, m: (p.astype(jnp.float32) + lam * m).astype(p.dtype),
-                           view, server_rows[r][MOMENTUM])
+      ahead = plugin_math.fedacg_lookahead(role_view(params, labels, r),
+                                           server_rows[r][MOMENTUM], lam)
       params = merge_view(params, ahead)
     return params
   return fn

@@ -12,11 +12,8 @@ client): `keep_norm_local` goes around the composed rule.
 import jax
 
 from fedjax_mtl.algorithms import fedavg
+from fedjax_mtl.algorithms.plugin_math import path_names
 from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, Server, ServerInputs, Views
-
-
-def _names(path) -> tuple[str, ...]:
-  return tuple(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
 
 
 def split_norm(views: Views, modules: frozenset) -> tuple[Views, Views]:
@@ -24,7 +21,8 @@ def split_norm(views: Views, modules: frozenset) -> tuple[Views, Views]:
   flat dict 'a/b/leaf' -> rows."""
   def part(view, keep_norm):
     flat = jax.tree_util.tree_flatten_with_path(view)[0]
-    return {'/'.join(_names(p)): x for p, x in flat if (_names(p)[:-1] in modules) == keep_norm}
+    return {'/'.join(path_names(p)): x for p, x in flat
+            if (path_names(p)[:-1] in modules) == keep_norm}
   return ({r: part(v, False) for r, v in views.items()},
           {r: part(v, True) for r, v in views.items()})
 
@@ -35,7 +33,7 @@ def keep_norm_local(rule: Server, info: FedInfo) -> Server:
   modules = info.norm_modules
 
   def rebuild(view, parts):
-    paths = ['/'.join(_names(p)) for p, _ in jax.tree_util.tree_flatten_with_path(view)[0]]
+    paths = ['/'.join(path_names(p)) for p, _ in jax.tree_util.tree_flatten_with_path(view)[0]]
     merged = {**parts[0], **parts[1]}
     return jax.tree.unflatten(jax.tree.structure(view), [merged[p] for p in paths])
 

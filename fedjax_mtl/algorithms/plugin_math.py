@@ -62,7 +62,7 @@ def normalize_weights(weights: jax.Array) -> jax.Array:
   return w / jnp.sum(w)
 
 
-def _add(prev: PyTree, step: PyTree, scale: jax.Array | float = 1.0) -> PyTree:
+def add_scaled(prev: PyTree, step: PyTree, scale: jax.Array | float = 1.0) -> PyTree:
   """prev + scale * step, computed in float32, cast back to prev's dtype."""
   return jax.tree.map(
       lambda p, s: (p.astype(jnp.float32) + scale * s.astype(jnp.float32)).astype(p.dtype),
@@ -86,7 +86,7 @@ def weighted_update(prev: PyTree, deltas: PyTree, weights: jax.Array,
   `server_lr` is Eq. 6's η_g (A5, 1 by default; raised for the §4.6
   amplification control).
   """
-  return _add(prev, tree_mean(_f32(deltas), normalize_weights(weights)), server_lr)
+  return add_scaled(prev, tree_mean(_f32(deltas), normalize_weights(weights)), server_lr)
 
 
 # ----------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def fednova_update(prev: PyTree, deltas: PyTree, weights: jax.Array, taus: jax.A
   tau = jnp.asarray(taus, jnp.float32)
   tau_eff = jnp.sum(w * tau)
   coef = w / jnp.maximum(tau, 1.0)  # w_k / τ_k
-  return _add(prev, tree_mean(_f32(deltas), coef),
+  return add_scaled(prev, tree_mean(_f32(deltas), coef),
               server_lr * tau_eff)
 
 
@@ -224,8 +224,14 @@ def _key_name(k) -> str:
   return str(k)
 
 
-def _path_names(path) -> tuple[str, ...]:
+def path_names(path) -> tuple[str, ...]:
   return tuple(_key_name(k) for k in path)
+
+
+def norm_modules(batch_stats: PyTree) -> frozenset:
+  """Module paths (names from the root) of the layers that keep batch-norm statistics."""
+  return frozenset(path_names(p)[:-1]
+                   for p, _ in jax.tree_util.tree_leaves_with_path(batch_stats))
 
 
 def bn_mask(params: PyTree, batch_stats: PyTree | None = None) -> PyTree:
@@ -239,12 +245,11 @@ def bn_mask(params: PyTree, batch_stats: PyTree | None = None) -> PyTree:
   based, so it also works on stacked views and `jax.eval_shape` trees.
   """
   if batch_stats is not None:
-    leaves = jax.tree_util.tree_leaves_with_path(batch_stats)
-    modules = {_path_names(p)[:-1] for p, _ in leaves}
+    modules = norm_modules(batch_stats)
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: _path_names(path)[:-1] in modules, params)
+        lambda path, _: path_names(path)[:-1] in modules, params)
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: any(_is_bn_name(n) for n in _path_names(path)), params)
+      lambda path, _: any(_is_bn_name(n) for n in path_names(path)), params)
 
 
 def keep_local(aggregated: PyTree, local: PyTree, mask: PyTree) -> PyTree:
@@ -299,7 +304,7 @@ def fedacg_init(params: PyTree) -> PyTree:
 
 def fedacg_lookahead(theta: PyTree, momentum: PyTree, lam: float = FEDACG_LAMBDA) -> PyTree:
   """The model the clients start from: θ̃ = θ^{t−1} + λ m^{t−1}."""
-  return _add(theta, momentum, lam)
+  return add_scaled(theta, momentum, lam)
 
 
 def fedacg_server(prev: PyTree, deltas: PyTree, weights: jax.Array, momentum: PyTree,
@@ -315,7 +320,7 @@ def fedacg_server(prev: PyTree, deltas: PyTree, weights: jax.Array, momentum: Py
   """
   mean_delta = tree_mean(_f32(deltas), normalize_weights(weights))
   new_m = jax.tree.map(lambda m, d: lam * m.astype(jnp.float32) + d, momentum, mean_delta)
-  return _add(prev, new_m), new_m
+  return add_scaled(prev, new_m), new_m
 
 
 def fedacg_penalty(params: PyTree, lookahead: PyTree,
@@ -492,7 +497,10 @@ __all__ = [
     'heal_terms',
     'heal_init',
     'keep_local',
+    'add_scaled',
     'moon_loss',
+    'norm_modules',
+    'path_names',
     'normalize_weights',
     'pcgrad',
     'pcgrad_coefficients',
