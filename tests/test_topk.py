@@ -177,3 +177,22 @@ def test_bad_arguments_name_the_problem(kwargs, message):
   deltas = {'encoder': [np.ones((1, 4), np.float32)]}
   with pytest.raises(ValueError, match=message):
     topk.top_rho_mask(deltas, {'encoder': (0,)}, 1, **kwargs)
+
+
+@pytest.mark.parametrize('dtype', [jnp.int32, jnp.bool_, jnp.float32])
+def test_packed_kept_sets_count_and_intersect_like_numpy(dtype):
+  """`packed_rows` + `popcount_rows` / `popcount_gram` (FedDEA's kept counts and
+  Jaccard): a big leaf packed where it lies (not a multiple of 32 per row, its end
+  joins the small block), small leaves gathered, two `Blocks` parts that must line
+  up word for word, every mask dtype."""
+  rng = np.random.default_rng(3)
+  shapes = [(70_001,), (5, 7), (3,), (2, 33_000)]  # the last: 66,000 entries per row
+  masks = [rng.random((5,) + s) < p for s, p in zip(shapes, (0.3, 0.5, 0.6, 0.1))]
+  view = Blocks(tuple({str(i): jnp.asarray(m[lo:hi]).astype(dtype) for i, m in enumerate(masks)}
+                      for lo, hi in ((0, 2), (2, 5))))
+  parts = topk.packed_rows(view)
+  assert [lo for lo, _ in parts] == [0, 2]
+  words = jnp.concatenate([w for _, w in parts], axis=0)
+  flat = np.concatenate([m.reshape(5, -1) for m in masks], axis=1).astype(np.int64)
+  np.testing.assert_array_equal(np.asarray(topk.popcount_rows(words)), flat.sum(1))
+  np.testing.assert_array_equal(np.asarray(topk.popcount_gram(words)), flat @ flat.T)

@@ -154,21 +154,6 @@ def _per_client(num_clients: int, owners: np.ndarray, fn: Callable, *views) -> j
   return total
 
 
-def _mask_gram(masks: PyTree) -> jax.Array:
-  """[N, N] Σ m_i·m_j over the leaves of one-row-per-client 0/1 masks (stacked or
-  `Blocks`): the sizes of the pairwise intersections of the kept sets."""
-  parts = row_offsets(masks)
-  n = sum(num_rows(p) for _, p in parts)
-  gram = jnp.zeros((n, n), jnp.float32)
-  for lo_a, a in parts:
-    for lo_b, b in parts:
-      g = sum(jnp.tensordot(x.reshape(x.shape[0], -1), y.reshape(y.shape[0], -1),
-                            axes=(1, 1), precision=jax.lax.Precision.HIGHEST)
-              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-      gram = jax.lax.dynamic_update_slice(gram, g, (lo_a, lo_b))
-  return gram
-
-
 def dea_logs(deltas: Views, mask: Views, info: FedInfo, scale: float) -> dict:
   """FedDEA's per-round diagnostics (spec §2.2), per client over its whole update:
 
@@ -178,21 +163,29 @@ def dea_logs(deltas: Views, mask: Views, info: FedInfo, scale: float) -> dict:
     (encoder vs its own decoder and head);
   - `dea_jaccard` [N, N]: |K_i ∩ K_j| / |K_i ∪ K_j| of the kept sets, over the roles
     with one row per client (the encoder; in the unified model every role).
+
+  The kept sets are counted as bits (`topk.packed_rows`: 32 entries an int32 word,
+  one integer pass over the masks) and intersected by popcount, so the Jaccard
+  costs a 32nd of a pass per pair, not a float Gram matrix of the masks.
   """
   n = info.num_clients
   owners = {r: np.asarray(info.row_client(r)) for r in deltas}
   sq = lambda d: jnp.square(d.astype(jnp.float32))
   total = sum(_per_client(n, owners[r], sq, deltas[r]) for r in deltas)
-  kept_sq = sum(_per_client(n, owners[r], lambda d, m: m * sq(d), deltas[r], mask[r])
-                for r in deltas)
-  kept = {r: _per_client(n, owners[r], lambda m: m, mask[r]) for r in deltas}
+  kept_sq = sum(_per_client(n, owners[r], lambda d, m: m.astype(jnp.float32) * sq(d),
+                            deltas[r], mask[r]) for r in deltas)
+  bits = {r: topk.packed_rows(mask[r]) for r in deltas}
+  kept = {r: sum(jax.ops.segment_sum(topk.popcount_rows(w), jnp.asarray(owners[r][lo:lo + len(w)]),
+                                     num_segments=n) for lo, w in bits[r]).astype(jnp.float32)
+          for r in deltas}
   num_kept = sum(kept.values())
   energy = kept_sq / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)
   logs = {'dea_energy': energy, 'dea_amplification': scale * jnp.sqrt(energy)}
   logs.update({f'dea_kept_{r}': v / jnp.maximum(num_kept, 1.) for r, v in kept.items()})
   one_row = [r for r in deltas if tuple(owners[r]) == tuple(range(n))]
   if one_row:
-    inter = sum(_mask_gram(mask[r]) for r in one_row)
+    inter = sum(topk.popcount_gram(jnp.concatenate([w for _, w in bits[r]], axis=0))
+                for r in one_row).astype(jnp.float32)
     size = jnp.diagonal(inter)
     union = size[:, None] + size[None, :] - inter
     logs['dea_jaccard'] = inter / jnp.maximum(union, 1.)
@@ -230,10 +223,10 @@ def dea(rule: Server, info: FedInfo, rho: float, variant: str = 'top', rescale: 
       deltas = {r: tree_sub(x.local[r], x.prev[r]) for r in x.local}
       key = jax.random.fold_in(jax.random.PRNGKey(seed), x.round)
       mask = topk.top_rho_mask(deltas, {r: row_client[r] for r in deltas}, info.num_clients,
-                               rho, variant, key if variant == 'random' else None)
-      local = {r: jax.tree.map(
-          lambda p, d, m: (p.astype(jnp.float32) + scale * (m * d)).astype(p.dtype),
-          x.prev[r], deltas[r], mask[r]) for r in x.local}
+                               rho, variant, key if variant == 'random' else None, jnp.int32)
+      kept = lambda p, d, m: p.astype(jnp.float32) + jnp.where(m != 0, scale * d, 0.)
+      local = {r: jax.tree.map(lambda p, d, m: kept(p, d, m).astype(p.dtype),
+                               x.prev[r], deltas[r], mask[r]) for r in x.local}
       logs = dea_logs(deltas, mask, info, scale)
       x = x._replace(local=local)
     new, st, inner_logs = rule.apply(state, x)

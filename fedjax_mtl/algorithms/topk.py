@@ -610,17 +610,27 @@ def _random_keys(deltas: Views, key: jax.Array) -> dict:
   return out
 
 
-def _map_rows(view: PyTree, owners: np.ndarray, fn: Callable) -> PyTree:
-  """fn(leaf, owners of its rows) on every leaf of a view, keeping `Blocks` parts."""
-  parts = [jax.tree.map(lambda x, lo=lo: fn(x, owners[lo:lo + x.shape[0]]), p)
-           for lo, p in row_offsets(view)]
+def _map_rows(view: PyTree, owners: np.ndarray, values: jax.Array, fn: Callable) -> PyTree:
+  """fn(leaf, its rows' `values` shaped to broadcast over it) on every leaf of a view,
+  keeping `Blocks` parts. A part's per-row values are taken once, outside the leaves'
+  loops (a gather fused into an elementwise loop runs per entry, unvectorized)."""
+  def part(lo, p):
+    leaves = jax.tree.leaves(p)
+    if not leaves:
+      return p
+    rows = jax.lax.optimization_barrier(values[jnp.asarray(owners[lo:lo + leaves[0].shape[0]])])
+    return jax.tree.map(lambda x: fn(x, rows.reshape((-1,) + (1,) * (x.ndim - 1))), p)
+
+  parts = [part(lo, p) for lo, p in row_offsets(view)]
   return Blocks(tuple(parts)) if isinstance(view, Blocks) else parts[0]
 
 
 def top_rho_mask(deltas: Views, row_client: Mapping[str, Sequence[int]], num_clients: int,
-                 rho: float, variant: str = 'top', key: jax.Array | None = None) -> Views:
-  """Per client, a 0/1 float32 mask shaped like `deltas` (`Blocks` kept) over its whole
-  update: all its rows of all roles together, k = ⌊ρ·d_client⌋ (at least 1).
+                 rho: float, variant: str = 'top', key: jax.Array | None = None,
+                 dtype=jnp.float32) -> Views:
+  """Per client, a 0/1 mask of `dtype` (float32, or int32/bool for consumers that
+  select or count) shaped like `deltas` (`Blocks` kept) over its whole update: all its rows of all
+  roles together, k = ⌊ρ·d_client⌋ (at least 1).
 
   - `'top'` (FedDEA): |Δ| ≥ the exact k-th largest |Δ|. Ties at the threshold are all
     kept, so at least k entries (more only on ties; spec §6 A4).
@@ -639,22 +649,84 @@ def top_rho_mask(deltas: Views, row_client: Mapping[str, Sequence[int]], num_cli
   if variant == 'random' and key is None:
     raise ValueError("mask variant 'random' needs a PRNG key")
   if rho == 1:
-    return {r: jax.tree.map(lambda x: jnp.ones(x.shape, jnp.float32), v)
-            for r, v in deltas.items()}
+    return {r: jax.tree.map(lambda x: jnp.ones(x.shape, dtype), v) for r, v in deltas.items()}
   views = _views(deltas, row_client)
   sizes = client_sizes(deltas, row_client, num_clients)
   k = np.maximum(np.floor(rho * sizes).astype(np.int64), 1)
+  # 0/1 int32 by sign bits, not compares (which XLA:CPU does not vectorize in the
+  # reductions that consume the mask); keys and thresholds lie in [0, 2^31).
+  at_least = lambda b, t: ((t - 1 - b) >> 31) & 1  # b >= t
   if variant == 'random':
     views = _views(_random_keys(deltas, key), row_client)
-    keys, keep = (lambda x: x), (lambda b, t: b >= t)
+    keys, keep = (lambda x: x), at_least
   elif variant == 'small':
     k = np.maximum(sizes - k + 1, 1)  # the k-th smallest is the (d - k + 1)-th largest
-    keys, keep = _abs_bits, (lambda b, t: b <= t)
+    keys, keep = _abs_bits, (lambda b, t: ((t - b) >> 31) + 1)  # b <= t
   else:
-    keys, keep = _abs_bits, (lambda b, t: b >= t)
+    keys, keep = _abs_bits, at_least
   thr = _kth_keys(_parts(views, keyed=variant == 'random'), jnp.asarray(k, jnp.int32), sizes)
-  return {r: _map_rows(v, own, lambda x, o: keep(keys(x), _per_row(thr, o, x.ndim)).astype(
-      jnp.float32)) for r, (v, own) in views.items()}
+  return {r: _map_rows(v, own, thr, lambda x, t: keep(keys(x), t).astype(dtype))
+          for r, (v, own) in views.items()}
+
+
+# ----------------------------------------------------------------------------
+# Kept sets as bits (FedDEA's logs).
+# ----------------------------------------------------------------------------
+
+def _pack(bits: jax.Array) -> jax.Array:
+  """[rows, 32·m] 0/1 int32 -> [rows, m] int32 words: entry j·m + c is bit j of word c.
+  Integer sums over a major axis of 16 (the reduction XLA:CPU vectorizes; over 32 it
+  stops vectorizing and runs 7x slower), one per half row, then the halves joined."""
+  rows = bits.shape[0]
+  shift = jnp.arange(16, dtype=jnp.int32)[None, :, None]
+  half = jnp.sum(bits.reshape(rows * 2, 16, -1) << shift, axis=1)
+  half = jax.lax.optimization_barrier(half).reshape(rows, 2, -1)
+  return half[:, 0] | (half[:, 1] << 16)
+
+
+def packed_rows(mask: PyTree) -> list[tuple[int, jax.Array]]:
+  """A 0/1 mask view (bool, float, or integer 0/1; stacked rows or `Blocks`) as bits: per part,
+  (first row, int32 words [rows, W]), 32 entries a word. Leaves of at least 2^16
+  entries per row are packed where they lie (their first multiple of 32 entries);
+  the small leaves and the big ones' ends are gathered into one block, padded with
+  zeros. The layout depends only on the leaf shapes, so parts of one role line up
+  word for word (bit b of word w is the same entry in every row)."""
+  out = []
+  for lo, part in row_offsets(mask):
+    leaves = [x for x in jax.tree.leaves(part) if x.size]
+    if not leaves:
+      continue
+    rows = leaves[0].shape[0]
+    words, small = [], []
+    for x in leaves:
+      flat = x.reshape(rows, -1)
+      # Integer masks are taken as 0/1 (a compare here would keep XLA:CPU from
+      # vectorizing the packing sum).
+      flat = (flat & 1) if jnp.issubdtype(x.dtype, jnp.integer) else (flat != 0).astype(jnp.int32)
+      n = flat.shape[1]
+      cut = n - n % 32 if n >= _BIG else 0
+      if cut:
+        words.append(_pack(flat[:, :cut]))
+      if cut < n:
+        small.append(flat[:, cut:])
+    if small:
+      n = sum(s.shape[1] for s in small)
+      small.append(jnp.zeros((rows, -n % 32), jnp.int32))
+      words.append(_pack(jnp.concatenate(small, axis=1)))
+    out.append((lo, jnp.concatenate(words, axis=1) if len(words) > 1 else words[0]))
+  return out
+
+
+def popcount_rows(words: jax.Array) -> jax.Array:
+  """[rows] set bits per row of int32 words [rows, W]."""
+  return jnp.sum(jax.lax.population_count(words), axis=1, dtype=jnp.int32)
+
+
+def popcount_gram(words: jax.Array) -> jax.Array:
+  """[rows, rows] int32 Σ_w popcount(words[i, w] & words[j, w]): the sizes of the
+  pairwise intersections of the rows' bit sets (the diagonal: each set's size)."""
+  return jnp.sum(jax.lax.population_count(words[:, None, :] & words[None, :, :]), axis=2,
+                 dtype=jnp.int32)
 
 
 # ----------------------------------------------------------------------------
