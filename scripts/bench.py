@@ -13,6 +13,8 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=engine_agg     # the round's aggregation as the engine calls it
     python scripts/bench.py --only=augment        # host augmentation vs raw feed + device augment
     python scripts/bench.py --only=top_rho        # FedDEA's top-ρ mask vs FedAvg and a sort, K = 4, 5
+                                                  # (and dea_engine after it)
+    python scripts/bench.py --only=dea_engine     # the engine's aggregation: FedAvg vs dea(fedavg)
     python scripts/bench.py --only=memory         # one client's step memory, Swin-T and ResNet-18, 512
 
 All ratios compare measurements from one run in one process. Timings are taken
@@ -625,6 +627,64 @@ def bench_top_rho(repeats: int = 3, clients=(4, 5), rho: float = 0.25,
   return out
 
 
+def bench_dea_engine(datasets=('nyud', 'pascal'), repeats: int = 5,
+                     algorithms=('fedavg', 'dea(fedavg)')) -> dict:
+  """The engine's aggregation program (`rounds.make_agg_fn`, as `engine_agg_runners`
+  calls it: finalize, gather, the rule, scatter, health flags, donated core) for
+  `configs/feddea.py` with Swin-T, FedAvg against `dea(fedavg)` (ρ = 1/K, the
+  unified model, the per-round logs), K = 4 (NYUD-v2) and 5 (PASCAL-Context)
+  task-level clients. Trained params = round-start params + 1e-3 noise. Calls
+  alternate between the algorithms; best and median of `repeats`."""
+  from fedjax_mtl import rounds
+  out = {}
+  for ds in datasets:
+    runs = {}
+    for alg in algorithms:
+      cfg = algorithm_config('feddea', f'dataset={ds}')
+      cfg.algorithm = alg
+      cfg.model.encoder = 'swin_t'
+      cfg.model.remat = False
+      cfg.data.num_train = {ds: 64}
+      cfg.data.num_test = {ds: 2}
+      exp = train.build(cfg)
+      state = train.init_state(exp)
+      state = state.replace(groups=[gs.replace(opt_state=None) for gs in state.groups])
+      start = [gs.params for gs in state.groups]
+      move = jax.jit(lambda p, k: jax.tree.map(
+          lambda x: x + 1e-3 * jax.random.normal(k, x.shape, x.dtype), p))
+      holder = {'s': state.replace(groups=[gs.replace(params=move(p, jax.random.PRNGKey(g)))
+                                           for g, (gs, p) in enumerate(zip(state.groups,
+                                                                           start))])}
+      metrics = [{'loss': jnp.ones((g.num_total, g.num_slots), jnp.float32),
+                  'steps': jnp.full((g.num_total,), 10, jnp.int32)} for g in exp.fed.groups]
+      t0 = time.perf_counter()
+      compiled = rounds.make_agg_fn(exp).lower(rounds.agg_core(holder['s']), start, start,
+                                               metrics).compile()
+      out[f'{ds}_{alg}_compile_s'] = time.perf_counter() - t0
+
+      def run(compiled=compiled, holder=holder, start=start, metrics=metrics):
+        holder['s'], res = rounds.aggregate(compiled, holder['s'], start, metrics)
+        jax.block_until_ready((holder['s'], res))
+
+      run()
+      runs[alg] = run
+      out[f'{ds}_clients'] = exp.fed.num_clients
+    times = {alg: [] for alg in runs}
+    for _ in range(repeats):
+      for alg, run in runs.items():
+        t0 = time.perf_counter()
+        run()
+        times[alg].append(time.perf_counter() - t0)
+    for alg, t in times.items():
+      out[f'{ds}_{alg}_best_s'] = min(t)
+      out[f'{ds}_{alg}_median_s'] = float(np.median(t))
+    base = algorithms[0]
+    for alg in algorithms[1:]:
+      out[f'{ds}_{alg}_vs_{base}'] = min(times[alg]) / min(times[base])
+    del runs
+  return out
+
+
 def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
                    workers: int = 2) -> dict:
   """Training input pipeline alone: the engine's chunk source at `size`², all PASCAL tasks.
@@ -780,8 +840,8 @@ def main(argv=None):
                       '(default: %(default)s)')
   p.add_argument('--only', default='all',
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
-                          'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'memory',
-                          'all'],
+                          'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
+                          'memory', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -848,6 +908,8 @@ def main(argv=None):
                                repeats=a.repeats, peak_tflops=a.peak_tflops)
   if a.only == 'top_rho':  # not in 'all': the sort baseline takes minutes on a CPU
     results['top_rho'] = bench_top_rho(a.repeats)
+  if a.only in ('top_rho', 'dea_engine'):  # the aggregation the engine runs around the mask
+    results['dea_engine'] = bench_dea_engine(repeats=max(a.repeats, 5))
   if a.only == 'memory':  # not in 'all': compiles of Swin-T and ResNet-18 steps at 512x512
     results['memory'] = {f'{e}_{k}': v for e in ('swin_t', 'resnet18')
                          for k, v in bench_swin_memory(encoder=e).items()}
@@ -855,7 +917,8 @@ def main(argv=None):
     results['augment'] = bench_augment(repeats=a.repeats)
   print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
-               'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'memory'):
+               'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
+               'memory'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:
