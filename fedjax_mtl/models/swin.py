@@ -172,25 +172,26 @@ def gelu(x: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
-@jax.custom_vjp
-def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
+               eps: float = LN_EPS) -> jax.Array:
   """LayerNorm over the last axis (two-pass variance, like PyTorch), float32 math.
 
   Returns float32; the backward pass keeps only ``x`` and the per-token
   mean and 1/std, and evaluates the closed-form gradient in one fused pass.
   """
-  return _layer_norm_fwd(x, scale, bias)[0]
+  return _layer_norm_fwd(x, scale, bias, eps)[0]
 
 
-def _layer_norm_fwd(x, scale, bias):
+def _layer_norm_fwd(x, scale, bias, eps):
   x = x.astype(jnp.float32)
   mean = jnp.mean(x, axis=-1, keepdims=True)
   xc = x - mean
-  rstd = jax.lax.rsqrt(jnp.mean(xc * xc, axis=-1, keepdims=True) + LN_EPS)
+  rstd = jax.lax.rsqrt(jnp.mean(xc * xc, axis=-1, keepdims=True) + eps)
   return xc * rstd * scale + bias, (x, mean, rstd, scale)
 
 
-def _layer_norm_bwd(res, g):
+def _layer_norm_bwd(eps, res, g):
   x, mean, rstd, scale = res
   g = g.astype(jnp.float32)
   xhat = (x - mean) * rstd
@@ -205,16 +206,18 @@ layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 class LayerNorm(nn.Module):
-  """PyTorch-style LayerNorm (eps 1e-5) with ``nn.LayerNorm``'s params, output in ``dtype``."""
+  """PyTorch-style LayerNorm (eps 1e-5 unless given) with ``nn.LayerNorm``'s params,
+  output in ``dtype``."""
 
   dtype: Dtype = jnp.float32
+  epsilon: float = LN_EPS
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     c = x.shape[-1]
     scale = self.param('scale', nn.initializers.ones, (c,), jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, (c,), jnp.float32)
-    return layer_norm(x, scale, bias).astype(self.dtype)
+    return layer_norm(x, scale, bias, self.epsilon).astype(self.dtype)
 
 
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:

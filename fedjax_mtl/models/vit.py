@@ -90,7 +90,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl.errors import check_choice
-from fedjax_mtl.models.swin import gelu, matmul, softmax
+from fedjax_mtl.models.swin import LayerNorm, gelu, matmul, softmax
 
 Dtype = Any
 Params = Any
@@ -144,23 +144,6 @@ def lora_a_init(seed: int, block: int, target: str, shape: tuple[int, int]) -> j
 # ---------------------------------------------------------------------------
 # Modules
 # ---------------------------------------------------------------------------
-
-
-class LayerNorm(nn.Module):
-  """LayerNorm over the last axis with float32 statistics, output in ``dtype``."""
-
-  epsilon: float
-  dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    c = x.shape[-1]
-    scale = self.param('scale', nn.initializers.ones, (c,), jnp.float32)
-    bias = self.param('bias', nn.initializers.zeros, (c,), jnp.float32)
-    x = x.astype(jnp.float32)
-    xc = x - jnp.mean(x, axis=-1, keepdims=True)
-    y = xc * jax.lax.rsqrt(jnp.mean(xc * xc, axis=-1, keepdims=True) + self.epsilon)
-    return (y * scale + bias).astype(self.dtype)
 
 
 class HeadsProj(nn.Module):
@@ -295,11 +278,11 @@ class EncoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     names = self.layout
-    y = LayerNorm(self.epsilon, self.dtype, name=names.ln_1)(x)
+    y = LayerNorm(self.dtype, self.epsilon, name=names.ln_1)(x)
     y = Attention(names, self.num_heads, self.block, self.lora_rank, self.lora_scale,
                   self.lora_seed, self.dtype, name=names.attn)(y)
     x = x + y.astype(jnp.float32)
-    y = LayerNorm(self.epsilon, self.dtype, name=names.ln_2)(x)
+    y = LayerNorm(self.dtype, self.epsilon, name=names.ln_2)(x)
     y = Mlp(names, self.mlp_dim, self.activation, self.dtype, name=names.mlp)(y)
     return x + y.astype(jnp.float32)
 
@@ -378,7 +361,7 @@ class Encoder(nn.Module):
                     name=f'{self.prefix}_{i}')(x)
     if self.vit_jax:
       # LayerNorm is per token: norming only [CLS] equals vit_jax's norm-then-take.
-      x = LayerNorm(self.epsilon, jnp.float32, name='encoder_norm')(x[:, 0])
+      x = LayerNorm(jnp.float32, self.epsilon, name='encoder_norm')(x[:, 0])
     return x
 
 
@@ -467,11 +450,11 @@ class CLIPVisionTower(nn.Module):
     cls = self.param('class_embedding', nn.initializers.normal(std), (d,), jnp.float32)
     pos = self.param('positional_embedding', nn.initializers.normal(std), (n + 1, d), jnp.float32)
     x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, d)), x.astype(jnp.float32)], axis=1) + pos
-    x = LayerNorm(1e-5, jnp.float32, name='ln_pre')(x)
+    x = LayerNorm(jnp.float32, 1e-5, name='ln_pre')(x)
     x = Encoder(OPENCLIP, 'resblocks', self.depth, self.num_heads, self.mlp_dim, 1e-5,
                 'quick_gelu' if self.quick_gelu else 'gelu', False, self.lora_rank,
                 self.lora_scale, self.lora_seed, self.remat, self.dtype, name='transformer')(x)
-    x = LayerNorm(1e-5, self.dtype, name='ln_post')(x[:, 0])
+    x = LayerNorm(self.dtype, 1e-5, name='ln_post')(x[:, 0])
     proj = self.param('proj', nn.initializers.normal(std), (d, self.output_dim), jnp.float32)
     x = matmul(x, proj.astype(self.dtype)).astype(jnp.float32)
     return x, _head(x, self.num_classes)
