@@ -366,6 +366,23 @@ SCENARIOS = {'1c': 'pascal_st_nyud_mt_1c', '2c': 'pascal_st_nyud_mt_2c',
              '4c': 'pascal_st_nyud_mt_4c'}
 
 
+def agg_inputs(cfg) -> tuple:
+  """What the engine's aggregation program takes, for `cfg`: (experiment, round-0
+  state without optimizer states (the aggregation program never sees them; they
+  stay in the groups), its params as the round start, trained params = start +
+  1e-3 noise, per-group metrics of 10 steps at loss 1)."""
+  exp = train.build(cfg)
+  state = train.init_state(exp)
+  state = state.replace(groups=[gs.replace(opt_state=None) for gs in state.groups])
+  start = [gs.params for gs in state.groups]
+  move = jax.jit(lambda p, k: jax.tree.map(
+      lambda x: x + 1e-3 * jax.random.normal(k, x.shape, x.dtype), p))
+  trained = [move(p, jax.random.PRNGKey(g)) for g, p in enumerate(start)]
+  metrics = [{'loss': jnp.ones((g.num_total, g.num_slots), jnp.float32),
+              'steps': jnp.full((g.num_total,), 10, jnp.int32)} for g in exp.fed.groups]
+  return exp, state, start, trained, metrics
+
+
 def engine_agg_runners(scenario: str = '1c', algorithm: str = 'hca2',
                        encoder: str = 'swin_t') -> dict:
   """The engine's per-round aggregation at the paper's model scale, as the engine calls it.
@@ -389,16 +406,7 @@ def engine_agg_runners(scenario: str = '1c', algorithm: str = 'hca2',
   cfg.model.remat = False
   cfg.data.num_train = {'pascal': 1600, 'nyud': 64}
   cfg.data.num_test = {'pascal': 2, 'nyud': 2}
-  exp = train.build(cfg)
-  state = train.init_state(exp)
-  # The aggregation program never sees optimizer states (they stay in the groups).
-  state = state.replace(groups=[gs.replace(opt_state=None) for gs in state.groups])
-  start = [gs.params for gs in state.groups]
-  move = jax.jit(lambda p, k: jax.tree.map(
-      lambda x: x + 1e-3 * jax.random.normal(k, x.shape, x.dtype), p))
-  trained_params = [move(p, jax.random.PRNGKey(g)) for g, p in enumerate(start)]
-  metrics = [{'loss': jnp.ones((g.num_total, g.num_slots), jnp.float32),
-              'steps': jnp.full((g.num_total,), 10, jnp.int32)} for g in exp.fed.groups]
+  exp, state, start, trained_params, metrics = agg_inputs(cfg)
   accs = [{'loss_sum': m['loss'] * 10., 'steps': m['steps']} for m in metrics]
   metrics, accs = jax.device_put((metrics, accs), exp.client_sharding)
   roles = exp.algorithm.shared_roles
@@ -646,17 +654,10 @@ def bench_dea_engine(datasets=('nyud', 'pascal'), repeats: int = 5,
       cfg.model.remat = False
       cfg.data.num_train = {ds: 64}
       cfg.data.num_test = {ds: 2}
-      exp = train.build(cfg)
-      state = train.init_state(exp)
-      state = state.replace(groups=[gs.replace(opt_state=None) for gs in state.groups])
-      start = [gs.params for gs in state.groups]
-      move = jax.jit(lambda p, k: jax.tree.map(
-          lambda x: x + 1e-3 * jax.random.normal(k, x.shape, x.dtype), p))
-      holder = {'s': state.replace(groups=[gs.replace(params=move(p, jax.random.PRNGKey(g)))
-                                           for g, (gs, p) in enumerate(zip(state.groups,
-                                                                           start))])}
-      metrics = [{'loss': jnp.ones((g.num_total, g.num_slots), jnp.float32),
-                  'steps': jnp.full((g.num_total,), 10, jnp.int32)} for g in exp.fed.groups]
+      exp, state, start, trained, metrics = agg_inputs(cfg)
+      holder = {'s': state.replace(groups=[gs.replace(params=p)
+                                           for gs, p in zip(state.groups, trained)])}
+      del trained
       t0 = time.perf_counter()
       compiled = rounds.make_agg_fn(exp).lower(rounds.agg_core(holder['s']), start, start,
                                                metrics).compile()
