@@ -58,6 +58,10 @@ class Experiment:
   tx: Any
   algorithm: algorithms.Algorithm
   labels: list  # per group: the role of every parameter leaf (one client's structure)
+  # Per group, per leaf: None where every client starts each round from the same
+  # values (one row of the round start is kept, `rounds.round_start`), else 0;
+  # None for the whole list when no leaf is (a row per client).
+  start_axes: list | None = None
   compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # jitted fns, by feed
 
   @property
@@ -180,7 +184,27 @@ def _build(config) -> Experiment:
                       'between client groups; heads can be shared within one dataset only')
   return Experiment(config=config, fed=fed, data=data, mesh=mesh, encoder=encoder,
                     models_train=models_train, models_eval=models_eval,
-                    tx=local.make_optimizer(config.optim), algorithm=alg, labels=labels)
+                    tx=local.make_optimizer(config.optim), algorithm=alg, labels=labels,
+                    start_axes=uniform_start_axes(config, alg, labels))
+
+
+def uniform_start_axes(config, alg: algorithms.Algorithm, labels: list) -> list | None:
+  """`Experiment.start_axes`: in FedDEA's unified-model setting (`config.unified`
+  'literal' or 'owner') every client starts each round from the one global
+  encoder, so the round keeps one copy of it, not one per client. Not the
+  leaves of modules the algorithm leaves with each client (FedBN's batch
+  norms). None outside that setting, and when no leaf qualifies."""
+  if algorithms.unified_mode(config) == 'none' or alg.roles.get('encoder') != 'shared':
+    return None
+
+  def axis(path, label):
+    names = plugin_math.path_names(path)
+    return None if label == 'encoder' and names[:-1] not in alg.local_modules else 0
+
+  axes = [jax.tree_util.tree_map_with_path(axis, lab) for lab in labels]
+  uniform = any(a is None for ax in axes
+                for a in jax.tree.leaves(ax, is_leaf=lambda x: x is None))
+  return axes if uniform else None
 
 
 def remat(config) -> bool:

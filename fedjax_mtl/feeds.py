@@ -87,12 +87,14 @@ class InMemoryFeed:
     """(name, jitted, args) of every program a round and an evaluation call, for
     `experiment.compile_programs`; `state` may be abstract (`init_state(abstract=True)`)."""
     exp, jobs, metrics = self.exp, [], []
+    params = [gs.params for gs in state.groups]
+    start = rounds.abstract_round_start(exp, params)
     for g, (spec, fn) in enumerate(zip(exp.fed.groups, self.train_fns)):
-      args = (state.groups[g], self.train_data[spec.dataset]['train'], state.round, state.rng)
+      args = (state.groups[g], start[g], self.train_data[spec.dataset]['train'], state.round,
+              state.rng)
       jobs.append((f'train {spec.dataset} x{spec.num_real}', fn, args))
       metrics.append(_with_sharding(jax.eval_shape(fn, *args)[1], exp.client_sharding))
-    start = [gs.params for gs in state.groups]
-    jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), start, start, metrics)))
+    jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), params, start, metrics)))
     jobs.append(('evaluate', self.eval_fn, (state.groups, self.test_data)))
     return jobs
 
@@ -197,7 +199,8 @@ class StreamedFeed:
     feed = self._iter()
     state = rounds.begin_round(self.exp, state)
     groups = list(state.groups)
-    start = _copy([gs.params for gs in groups])
+    start = (_copy([gs.params for gs in groups]) if self.exp.start_axes is None
+             else rounds.round_start(self.exp, [gs.params for gs in groups]))
     accs = [{'loss_sum': jnp.zeros((g.num_total, g.num_slots), jnp.float32),
              'steps': jnp.zeros((g.num_total,), jnp.int32),
              'first_loss': jnp.zeros((g.num_total,), jnp.float32),

@@ -233,9 +233,13 @@ def edge_losses(totals: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Arra
   return jnp.where(some, totals[first], 0.), jnp.where(some, totals[last], 0.)
 
 
-def finalize_group(alg: Algorithm, gstate: GroupState, start: PyTree) -> tuple[GroupState, PyTree]:
-  """The client part's finalize on every client: (new group state, uploads)."""
-  upload, cstate = jax.vmap(alg.client.finalize)(gstate.params, start, gstate.client)
+def finalize_group(alg: Algorithm, gstate: GroupState, start: PyTree,
+                   start_axes: PyTree = 0) -> tuple[GroupState, PyTree]:
+  """The client part's finalize on every client: (new group state, uploads).
+  `start_axes` (0, or per leaf 0 / None) says which leaves of `start` are one
+  row shared by every client (None) rather than a row per client."""
+  upload, cstate = jax.vmap(alg.client.finalize, in_axes=(0, start_axes, 0))(
+      gstate.params, start, gstate.client)
   return gstate.replace(client=cstate), upload
 
 
@@ -247,12 +251,15 @@ def _client_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
 
 def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
                        optim_cfg, batch_size: int, total_rounds: int, alg: Algorithm,
-                       labels: PyTree) -> Callable:
-  """Returns `train(gstate, data, round, key) -> (gstate, metrics)` for this group.
+                       labels: PyTree, start_axes: PyTree = 0) -> Callable:
+  """Returns `train(gstate, data, round, key, start=None) -> (gstate, metrics)` for this group.
 
   `gstate` is the group's `GroupState` (leading client axis); `data` = the
   dataset's train arrays (shared by all clients of the group), on device; each
-  client's batches are gathered by index inside the step. The returned params
+  client's batches are gathered by index inside the step. `start` = the params
+  the clients started the round from, as the client part's losses read them
+  (default: `gstate.params`); its leaves where `start_axes` is None are one row
+  shared by every client (`rounds.round_start`). The returned params
   are the clients' trained params; `metrics` has per-client 'loss' [n, slots],
   'steps' [n], and 'first_loss' / 'last_loss' [n] (`edge_losses`).
   """
@@ -262,14 +269,18 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   task_ids = jnp.asarray(group.task_ids)
   used = ('image',) + group.tasks_used
 
-  def train_client(cs, tids, idx, mask, lrs, data, key, round_idx):
+  def train_client(cs, start, tids, idx, mask, lrs, data, key, round_idx):
     scan = _make_client_scan(group, model_train, tx, alg, labels,
                              lambda i: {k: data[k][i] for k in used})
     steps = jnp.arange(idx.shape[0])
-    cs, loss_sum, totals = scan(cs, cs.params, tids, (idx, mask, lrs, steps), key, round_idx)
+    cs, loss_sum, totals = scan(cs, start, tids, (idx, mask, lrs, steps), key, round_idx)
     return cs, (loss_sum / jnp.maximum(jnp.sum(mask), 1), *edge_losses(totals, mask))
 
-  def train(gstate: GroupState, data, round_idx, key):
+  def train(gstate: GroupState, data, round_idx, key, start=None):
+    if start is None:
+      start, axes = gstate.params, 0
+    else:
+      axes = start_axes
     keys, step_keys = _client_keys(key, group.num_total)
     plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
     idx, mask = jax.vmap(lambda r, c, k: client_plan(r, c, k, epochs, batch_size))(
@@ -277,8 +288,8 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     steps_per_epoch = idx.shape[1] // epochs
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
     lrs = epoch_lr(epoch_of_step, optim_cfg, total_rounds * epochs)
-    gstate, loss = jax.vmap(train_client, in_axes=(0, 0, 0, 0, None, None, 0, None))(
-        gstate, task_ids, idx, mask, lrs, data, step_keys, round_idx)
+    gstate, loss = jax.vmap(train_client, in_axes=(0, axes, 0, 0, 0, None, None, 0, None))(
+        gstate, start, task_ids, idx, mask, lrs, data, step_keys, round_idx)
     loss, first, last = loss
     return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1), 'first_loss': first,
                     'last_loss': last}
@@ -287,10 +298,12 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
 
 
 def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
-                       optim_cfg, total_rounds: int, alg: Algorithm, labels: PyTree) -> Callable:
+                       optim_cfg, total_rounds: int, alg: Algorithm, labels: PyTree,
+                       start_axes: PyTree = 0) -> Callable:
   """Returns `train_chunk(gstate, start, acc, chunk, key, round) -> (gstate, acc)` for streamed data.
 
-  `start` = the group's params at the start of the round; `chunk` = {'x':
+  `start` = the group's params at the start of the round (leaves where
+  `start_axes` is None: one row shared by every client); `chunk` = {'x':
   batches [n, T, B, ...], 'mask' [n, T], 'epoch' [T] absolute local epochs,
   'step' [T] positions in the round}; `key` is the group's round key (as in
   `make_group_trainer`, so dropout streams match per step). `acc` =
@@ -305,7 +318,8 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     _, step_keys = _client_keys(key, group.num_total)
     lrs = epoch_lr(chunk['epoch'], optim_cfg, total_epochs)
     gstate, loss_sum, totals = jax.vmap(
-        lambda cs, s, t, x, m, k: scan(cs, s, t, (x, m, lrs, chunk['step']), k, round_idx))(
+        lambda cs, s, t, x, m, k: scan(cs, s, t, (x, m, lrs, chunk['step']), k, round_idx),
+        in_axes=(0, start_axes, 0, 0, 0, 0))(
             gstate, start, task_ids, chunk['x'], chunk['mask'], step_keys)
     first, last = jax.vmap(edge_losses)(totals, chunk['mask'])
     real = jnp.any(chunk['mask'].astype(bool), axis=1)

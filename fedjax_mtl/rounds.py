@@ -51,9 +51,61 @@ def begin_round(exp: Experiment, state: FedState) -> FedState:
   return state.replace(groups=[gs.replace(params=p) for gs, p in zip(state.groups, params)])
 
 
+def start_axes(exp: Experiment, g: int):
+  """Group `g`'s `Experiment.start_axes` (0 when every leaf has a row per client)."""
+  return 0 if exp.start_axes is None else exp.start_axes[g]
+
+
+def _is_none(x) -> bool:
+  return x is None
+
+
+def round_start(exp: Experiment, params: list) -> list:
+  """Each group's round-start params, as local training and the aggregation read
+  them: `params` itself, or, where `Experiment.start_axes` marks leaves that every
+  client starts from alike (the unified model's encoder), a copy holding one row
+  of those leaves and every row of the others. The groups' params can then be
+  donated to local training: a round holds one copy of the global model plus the
+  clients' trained state, not a second copy per client."""
+  if exp.start_axes is None:
+    return params
+  if 'round_start' not in exp.compiled:
+    rep, shard = exp.replicated, exp.client_sharding
+    def one(ax, x):
+      return x[0] if ax is None else jnp.copy(x)
+    def fn(params):
+      return [jax.tree.map(one, ax, p, is_leaf=_is_none)
+              for ax, p in zip(exp.start_axes, params)]
+    outs = [jax.tree.map(lambda ax: rep if ax is None else shard, ax, is_leaf=_is_none)
+            for ax in exp.start_axes]
+    exp.compiled['round_start'] = jax.jit(fn, out_shardings=outs)
+  return exp.compiled['round_start'](params)
+
+
+def abstract_round_start(exp: Experiment, params: list) -> list:
+  """`round_start`'s output shapes and shardings for abstract `params`."""
+  if exp.start_axes is None:
+    return params
+  return [jax.tree.map(lambda ax, x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype,
+                                                          sharding=exp.replicated)
+                       if ax is None else x, ax, p, is_leaf=_is_none)
+          for ax, p in zip(exp.start_axes, params)]
+
+
+def expand_start(exp: Experiment, start: list) -> list:
+  """`round_start`'s output with a row per client everywhere (inside a program:
+  the broadcast is read in place by the fusions that consume it)."""
+  if exp.start_axes is None:
+    return start
+  return [jax.tree.map(lambda ax, x, n=g.num_total: jnp.broadcast_to(x, (n,) + x.shape)
+                       if ax is None else x, ax, s, is_leaf=_is_none)
+          for ax, s, g in zip(exp.start_axes, start, exp.fed.groups)]
+
+
 def finalize(exp: Experiment, trained: list[GroupState], start: list) -> tuple[list, list]:
   """The client part's finalize on every group: (group states, uploads)."""
-  out = [local.finalize_group(exp.algorithm, gs, s) for gs, s in zip(trained, start)]
+  out = [local.finalize_group(exp.algorithm, gs, s, start_axes(exp, g))
+         for g, (gs, s) in enumerate(zip(trained, start))]
   return [o[0] for o in out], [o[1] for o in out]
 
 
@@ -61,8 +113,9 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
                 uploads: list, metrics: list) -> tuple[FedState, dict]:
   """Aggregate the uploads of the shared roles against the round's start params.
 
-  `start` = each group's params at the round start; `trained` = the group
-  states after local training; `metrics[g]['steps']` = local steps per client.
+  `start` = each group's params at the round start (`round_start`'s output);
+  `trained` = the group states after local training; `metrics[g]['steps']` =
+  local steps per client.
   Returns the next state (round + 1) and the server's logs.
 
   A `blocks` server reads the rows where they are (the groups' arrays) and its
@@ -78,6 +131,7 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
   def gather(trees, role):
     return to_server(federation.gather_blocks(trees, fed, role))
 
+  start = expand_start(exp, start)
   steps = jnp.concatenate([m['steps'][:g.num_real] for m, g in zip(metrics, fed.groups)])
   edge = {k: jnp.concatenate([m[k][:g.num_real] if k in m else jnp.zeros((g.num_real,))
                               for m, g in zip(metrics, fed.groups)])
@@ -110,26 +164,30 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
 
 
 def make_train_fns(exp: Experiment) -> list:
-  """Per group: jitted `(gstate, data, round, rng) -> (gstate, metrics)`, one round of
-  local training on device-resident data (in-memory feed).
+  """Per group: jitted `(gstate, start, data, round, rng) -> (gstate, metrics)`, one
+  round of local training on device-resident data (in-memory feed); `start` =
+  the group's `round_start`.
 
   Each group's trainer is its own program, and so is the aggregation
   (`make_agg_fn`): a group's program is compiled once whatever the federation
   around it, and the aggregation the engine runs is exactly the one
-  `scripts/bench.py --only=engine_agg` times. The group state is not donated:
-  its params are the round's start point the aggregation reads.
+  `scripts/bench.py --only=engine_agg` times. The group state is donated where
+  `round_start` keeps its own copy of the start (`Experiment.start_axes`);
+  otherwise its params are the start the aggregation reads, and are kept.
   """
   cfg = exp.config
+  donate = (0,) if exp.start_axes is not None else ()
 
   def train_fn(g, trainer):
-    def run(gs, data, rnd, state_rng):
+    def run(gs, start, data, rnd, state_rng):
       key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
-      return trainer(gs, data, rnd, key)
+      return trainer(gs, data, rnd, key, start)
     return jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
-                   compiler_options=train_compiler_options(cfg))
+                   donate_argnums=donate, compiler_options=train_compiler_options(cfg))
 
   return [train_fn(g, local.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
-                                               cfg.num_rounds, exp.algorithm, lab))
+                                               cfg.num_rounds, exp.algorithm, lab,
+                                               start_axes(exp, g)))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
@@ -145,7 +203,7 @@ def make_chunk_fns(exp: Experiment) -> list:
                    compiler_options=train_compiler_options(cfg))
 
   return [chunk_fn(g, local.make_chunk_trainer(spec, m, exp.tx, cfg.optim, cfg.num_rounds,
-                                               exp.algorithm, lab))
+                                               exp.algorithm, lab, start_axes(exp, g)))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
@@ -181,8 +239,7 @@ def make_agg_fn(exp: Experiment, streamed: bool = False):
   The program sees only what aggregation reads or writes: `core` is the state
   with each group reduced to its client-part state and per-row server state
   (donated, with the round, RNG and server state); `params` are the trained
-  params and `start` each group's params at the round start (read, not
-  donated); optimizer states, batch-norm statistics and personal models stay
+  params and `start` each group's `round_start` (read, not donated); optimizer states, batch-norm statistics and personal models stay
   outside (no pass-through copies). The new params get fresh buffers: XLA:CPU
   copies a donated input that a loop reads before an output overwrites it (the
   Gram pass does), and JAX pairs donated inputs with outputs by shape, so a
@@ -240,14 +297,14 @@ def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data,
   groups, metrics = [], []
   steps = group_steps(exp)
   state = begin_round(exp, state)
+  start = round_start(exp, [gs.params for gs in state.groups])
   for g, (spec, fn) in enumerate(zip(exp.fed.groups, train_fns)):
-    gs, m = fn(state.groups[g], data[spec.dataset]['train'], state.round, state.rng)
+    gs, m = fn(state.groups[g], start[g], data[spec.dataset]['train'], state.round, state.rng)
     groups.append(gs)
     metrics.append(m)
     if progress is not None:
       jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
       progress(steps[g])
-  start = [gs.params for gs in state.groups]
   return aggregate(agg_fn, state.replace(groups=groups), start, metrics)
 
 

@@ -369,15 +369,18 @@ SCENARIOS = {'1c': 'pascal_st_nyud_mt_1c', '2c': 'pascal_st_nyud_mt_2c',
 def agg_inputs(cfg) -> tuple:
   """What the engine's aggregation program takes, for `cfg`: (experiment, round-0
   state without optimizer states (the aggregation program never sees them; they
-  stay in the groups), its params as the round start, trained params = start +
-  1e-3 noise, per-group metrics of 10 steps at loss 1)."""
+  stay in the groups), its params as the round start (`rounds.round_start`, as
+  the engine keeps it), trained params = start + 1e-3 noise, per-group metrics
+  of 10 steps at loss 1)."""
+  from fedjax_mtl import rounds
   exp = train.build(cfg)
   state = train.init_state(exp)
   state = state.replace(groups=[gs.replace(opt_state=None) for gs in state.groups])
-  start = [gs.params for gs in state.groups]
+  params = [gs.params for gs in state.groups]
+  start = rounds.round_start(exp, params)
   move = jax.jit(lambda p, k: jax.tree.map(
       lambda x: x + 1e-3 * jax.random.normal(k, x.shape, x.dtype), p))
-  trained = [move(p, jax.random.PRNGKey(g)) for g, p in enumerate(start)]
+  trained = [move(p, jax.random.PRNGKey(g)) for g, p in enumerate(params)]
   metrics = [{'loss': jnp.ones((g.num_total, g.num_slots), jnp.float32),
               'steps': jnp.full((g.num_total,), 10, jnp.int32)} for g in exp.fed.groups]
   return exp, state, start, trained, metrics
@@ -410,7 +413,8 @@ def engine_agg_runners(scenario: str = '1c', algorithm: str = 'hca2',
   accs = [{'loss_sum': m['loss'] * 10., 'steps': m['steps']} for m in metrics]
   metrics, accs = jax.device_put((metrics, accs), exp.client_sharding)
   roles = exp.algorithm.shared_roles
-  views = {'prev': {r: experiment.views(exp, start, r) for r in roles},
+  views = {'prev': {r: experiment.views(exp, rounds.expand_start(exp, start), r)
+                    for r in roles},
            'local': {r: experiment.views(exp, trained_params, r) for r in roles},
            'info': experiment.fed_info(exp.fed, cfg.num_rounds), 'encoder_params': 0,
            'decoder_params': 0}
@@ -422,7 +426,8 @@ def engine_agg_runners(scenario: str = '1c', algorithm: str = 'hca2',
 
   def runner(fn, extra):
     t0 = time.perf_counter()
-    compiled = fn.lower(rounds.agg_core(holder['s']), start, start, extra).compile()
+    compiled = fn.lower(rounds.agg_core(holder['s']), [gs.params for gs in holder['s'].groups],
+                        start, extra).compile()
     compile_s = time.perf_counter() - t0
 
     def run():
@@ -659,8 +664,9 @@ def bench_dea_engine(datasets=('nyud', 'pascal'), repeats: int = 5,
                                            for gs, p in zip(state.groups, trained)])}
       del trained
       t0 = time.perf_counter()
-      compiled = rounds.make_agg_fn(exp).lower(rounds.agg_core(holder['s']), start, start,
-                                               metrics).compile()
+      compiled = rounds.make_agg_fn(exp).lower(
+          rounds.agg_core(holder['s']), [gs.params for gs in holder['s'].groups], start,
+          metrics).compile()
       out[f'{ds}_{alg}_compile_s'] = time.perf_counter() - t0
 
       def run(compiled=compiled, holder=holder, start=start, metrics=metrics):
@@ -684,6 +690,79 @@ def bench_dea_engine(datasets=('nyud', 'pascal'), repeats: int = 5,
       out[f'{ds}_{alg}_vs_{base}'] = min(times[alg]) / min(times[base])
     del runs
   return out
+
+
+def bench_unified_memory(datasets=('nyud', 'pascal'), encoders=('swin_t', 'resnet18'),
+                         remat: bool = False) -> dict:
+  """Memory of the unified-model round of `configs/feddea.py:paper` (K = 4 NYUD-v2
+  clients at 448×576, K = 5 PASCAL-Context clients at 512×512, batch 8, AdamW,
+  `dea(fedavg)`), from XLA's memory analysis of the programs the engine runs;
+  nothing runs. The local-training program is the in-memory one (a few synthetic
+  images per client: its data argument is small; a step's temporaries are those
+  of the streamed program), with the round start as `rounds.round_start` keeps
+  it (one encoder) and, for comparison, a row per client (`start_axes=None`,
+  what the engine held before). Per layout, in bytes:
+  `state` (params, batch-norm statistics and AdamW moments of all K clients),
+  `start` (the round start the program reads), `temp` (XLA's temporaries of the
+  training program), `agg_temp` (of the aggregation program); `per_client` =
+  state / K + temp / K, and `shared` = the one-copy part of the start."""
+  import dataclasses
+  from fedjax_mtl import experiment, feeds, rounds
+  size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+  out = {}
+  for ds in datasets:
+    for enc in encoders:
+      cfg = algorithm_config('feddea', f'paper,dataset={ds}')
+      cfg.data.source = 'synthetic'
+      cfg.model.encoder = enc
+      cfg.model.pretrained_path = ''
+      cfg.model.remat = remat
+      cfg.data.num_train = {ds: TRAIN_IMAGES[ds]}
+      cfg.data.num_test = {ds: 2}
+      cfg.local_epochs = {ds: 1}
+      exp = train.build(cfg)
+      k = exp.fed.num_clients
+      state = experiment.init_state(exp, abstract=True)
+      for layout, e in (('one', exp),
+                        ('per_row', dataclasses.replace(exp, start_axes=None, compiled={}))):
+        feed_data = feeds.device_data(e)[0]
+        params = [gs.params for gs in state.groups]
+        start = rounds.abstract_round_start(e, params)
+        fn = rounds.make_train_fns(e)[0]
+        t0 = time.perf_counter()
+        mem = fn.lower(state.groups[0], start[0], feed_data[ds]['train'], state.round,
+                       state.rng).compile().memory_analysis()
+        compile_s = time.perf_counter() - t0
+        metrics = _with_client_sharding(e, jax.eval_shape(
+            fn, state.groups[0], start[0], feed_data[ds]['train'], state.round, state.rng)[1])
+        agg = rounds.make_agg_fn(e).lower(rounds.agg_core(state), params, start,
+                                          [metrics]).compile().memory_analysis()
+        name = f'{ds}_{enc}_{layout}'
+        st = size(state.groups[0].params) + size(state.groups[0].batch_stats) + size(
+            state.groups[0].opt_state)
+        shared = size([x for a, x in zip(
+            jax.tree.leaves(e.start_axes[0], is_leaf=lambda a: a is None),
+            jax.tree.leaves(start[0])) if a is None]) if e.start_axes is not None else 0
+        out.update({f'{name}_clients': k, f'{name}_state_bytes': st,
+                    f'{name}_start_bytes': size(start), f'{name}_shared_bytes': shared,
+                    f'{name}_temp_bytes': mem.temp_size_in_bytes,
+                    f'{name}_args_bytes': mem.argument_size_in_bytes,
+                    f'{name}_alias_bytes': mem.alias_size_in_bytes,
+                    f'{name}_agg_temp_bytes': agg.temp_size_in_bytes,
+                    f'{name}_per_client_bytes': (st + mem.temp_size_in_bytes) / k,
+                    f'{name}_compile_s': compile_s})
+        print(name, {k_: v for k_, v in out.items() if k_.startswith(name)}, flush=True)
+  return out
+
+
+# Synthetic training images: at least a batch of 8 per client (PASCAL's human-parts
+# client keeps only the images with parts).
+TRAIN_IMAGES = {'nyud': 32, 'pascal': 200}
+
+
+def _with_client_sharding(exp, tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                     sharding=exp.client_sharding), tree)
 
 
 def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
@@ -842,7 +921,7 @@ def main(argv=None):
   p.add_argument('--only', default='all',
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
-                          'memory', 'all'],
+                          'memory', 'unified_memory', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -914,12 +993,14 @@ def main(argv=None):
   if a.only == 'memory':  # not in 'all': compiles of Swin-T and ResNet-18 steps at 512x512
     results['memory'] = {f'{e}_{k}': v for e in ('swin_t', 'resnet18')
                          for k, v in bench_swin_memory(encoder=e).items()}
+  if a.only == 'unified_memory':  # not in 'all': Swin-T / ResNet-18 rounds at the paper's sizes
+    results['unified_memory'] = bench_unified_memory()
   if a.only == 'augment':  # not in 'all': lowers a Swin-T step at 512x512 for its FLOPs
     results['augment'] = bench_augment(repeats=a.repeats)
   print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
-               'memory'):
+               'memory', 'unified_memory'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

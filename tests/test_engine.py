@@ -126,7 +126,7 @@ def test_model_remat_reaches_the_encoder_and_survives_compilation():
   # recomputation was not merged back into the forward pass.
   spec = exp.fed.groups[0]
   text = rounds.make_train_fns(exp)[0].lower(
-      state.groups[0], train_data[spec.dataset]['train'], state.round,
+      state.groups[0], state.groups[0].params, train_data[spec.dataset]['train'], state.round,
       state.rng).compile().as_text()
   assert 'opt-barrier' in text
 

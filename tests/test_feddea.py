@@ -323,6 +323,59 @@ def test_feddea_smoke_run_trains_one_unified_model(tmp_path):
   assert '[unified=literal]' in (tmp_path / 'results.md').read_text()
 
 
+def _feddea_config(variant='smoke'):
+  import importlib.util
+  import os
+  spec = importlib.util.spec_from_file_location(
+      'feddea_config', os.path.join(os.path.dirname(__file__), '..', 'configs', 'feddea.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  cfg = mod.get_config(variant)
+  cfg.progress = False
+  return cfg
+
+
+@pytest.mark.parametrize('algorithm,encoder', [('dea(fedacg)', None),
+                                               ('dea(fedbn)', 'resnet18')])
+def test_unified_round_keeps_one_encoder_and_equals_a_row_per_client(algorithm, encoder):
+  """The unified round keeps one row of the round-start encoder (the groups' params
+  are donated to local training) and gives bitwise the round that keeps a row per
+  client; FedBN's batch norms stay a row per client. FedACG's lookahead start and
+  MOON-free client terms read the shared row."""
+  import dataclasses
+  from fedjax_mtl import feeds, rounds
+  cfg = _feddea_config()
+  cfg.algorithm = algorithm
+  cfg.num_rounds = 2
+  if encoder:
+    cfg.model.encoder = encoder
+    cfg.model.kwargs = {'stage_sizes': (1, 1, 1, 1), 'width': 8}
+  exp = train.build(cfg)
+  axes = exp.start_axes[0]
+  flat = jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda a: a is None)[0]
+  shared = {'/'.join(plugin_math.path_names(p)) for p, a in flat if a is None}
+  assert shared and all(n.startswith('encoder/') for n in shared)
+  if encoder:  # batch norms stay with their client (FedBN)
+    assert 'encoder/bn1/scale' not in shared and 'encoder/conv1/kernel' in shared
+  else:
+    assert {n for n, _ in ((('/'.join(plugin_math.path_names(p))), a) for p, a in flat)
+            if n.startswith('encoder/')} == shared
+  per_row = dataclasses.replace(exp, start_axes=None, compiled={})
+  finals = []
+  for e in (exp, per_row):
+    feed = feeds.InMemoryFeed(e)
+    state = train.init_state(e)
+    start = rounds.round_start(e, [gs.params for gs in state.groups])
+    if e.start_axes is not None:  # one row of each shared leaf
+      for a, x, full in zip(jax.tree.leaves(axes, is_leaf=lambda a: a is None),
+                            jax.tree.leaves(start[0]), jax.tree.leaves(state.groups[0].params)):
+        assert x.shape == (full.shape[1:] if a is None else full.shape)
+    for rnd in (1, 2):
+      state, _ = feed.run_round(state, rnd)
+    finals.append(jax.device_get(state.groups[0].params))
+  jax.tree.map(np.testing.assert_array_equal, *finals)
+
+
 # ---------------------------------------------------------------------------
 # The plug-in bases (spec §2.4) and the enhancement modules (§2.5) as wired in.
 # ---------------------------------------------------------------------------

@@ -194,6 +194,9 @@ class Algorithm:
   # Applied around the composed server, after every wrapper (e.g. FedBN keeps the
   # batch-norm parameters out of DEA's mask and out of aggregation).
   outermost: Callable[[Server], Server] | None = None
+  # Modules (name paths from the params root) of the shared roles whose parameters
+  # the server leaves with each client (FedBN: the batch norms).
+  local_modules: frozenset = frozenset()
 
   @property
   def shared_roles(self) -> tuple[str, ...]:

@@ -54,4 +54,5 @@ def build(info: FedInfo, config=None) -> Algorithm:
   composed server (outside any wrapper)."""
   base = fedavg.build(info, config)
   return Algorithm(name='fedbn', client=Client(), server=base.server, roles=base.roles,
-                   outermost=lambda server: keep_norm_local(server, info))
+                   outermost=lambda server: keep_norm_local(server, info),
+                   local_modules=info.norm_modules)
