@@ -172,6 +172,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   `stop_after` ends the process after that many completed rounds, as an
   interruption would (used to test resumption).
   """
+  if config.get('setting', 'dense') == 'many_task':
+    from fedjax_mtl.manytask import run
+    return run.train_and_evaluate(config, workdir, stop_after)
   validate.check_run(config, workdir)
   _check_workdir(config, workdir)
   exp = build(config)

@@ -105,6 +105,16 @@ def _matfl_modes() -> tuple:
   return matfl_math.MODES
 
 
+def _benchmarks() -> tuple:
+  from fedjax_mtl.manytask import setting
+  return setting.BENCHMARKS
+
+
+def _vit_models() -> tuple:
+  from fedjax_mtl.models import vit
+  return tuple(vit.MODELS)
+
+
 FIELDS: dict[str, Field] = {
     'algorithm': Field('algorithm name or a wrapper composition, e.g. hca2, momentum(fedavg)'),
     'scenario': Field('client layout (fedjax_mtl/scenarios.py LAYOUTS), e.g. pascal_st_nyud_mt_1c'),
@@ -227,6 +237,53 @@ FIELDS: dict[str, Field] = {
     'hca2.hyper_momentum': Field('FedHCA2: SGD momentum of α and β', unit()),
     'hca2.hyper_weight_decay': Field('FedHCA2: weight decay of α and β', at_least(0)),
 }
+
+# The many-task setting (fedjax_mtl/manytask; `setting='many_task'`).
+MANY_TASK_FIELDS = {
+    'setting': Field("dense (FedHCA2's hetero-client dense prediction) or many_task "
+                              '(ViT + LoRA classification, fedjax_mtl/manytask)',
+                              choices=lambda: ('dense', 'many_task')),
+    'many.benchmark': Field('many_task: mini8 (offline) or tfds8 (the real 8 tasks)',
+                                     choices=_benchmarks),
+    'many.tasks': Field("many_task: comma-separated subset of the benchmark's tasks "
+                                 "('' = all)"),
+    'many.num_clients': Field('many_task: clients N', at_least(1)),
+    'many.zeta_t': Field('many_task: Dirichlet task concentration ζ_t (0: one task '
+                         'per client)', at_least(0)),
+    'many.zeta_c': Field('many_task: Dirichlet class concentration ζ_c', above(0)),
+    'many.class_split': Field("many_task: split of each task's classes over its clients: "
+                              "dirichlet (ζ_c) or iid", choices=lambda: ('dirichlet', 'iid')),
+    'many.participation': Field(
+        'many_task: participation ξ, the fraction of clients per round',
+        Rule(lambda v: 0 < v <= 1, '0 < {name} <= 1')),
+    'many.local_epochs': Field('many_task: local epochs per pair and round (0 with '
+                                        'local_steps)', at_least(0)),
+    'many.local_steps': Field('many_task: local steps per pair and round instead of '
+                                       'epochs (0 = use local_epochs)', at_least(0)),
+    'many.model': Field('many_task: ViT (fedjax_mtl/models/vit.py MODELS)',
+                                 choices=_vit_models),
+    'many.resolution': Field('many_task: input resolution', at_least(8)),
+    'many.lora_rank': Field('many_task: LoRA rank r', at_least(1)),
+    'many.lora_alpha': Field('many_task: LoRA alpha (0: alpha = r)',
+                                      at_least(0)),
+    'many.lora_seed': Field('many_task: seed of the shared LoRA A', SEED),
+    'many.num_train': Field('many_task: train examples per task (0 = all)',
+                                     at_least(0)),
+    'many.num_test': Field('many_task: test examples per task (0 = all)',
+                                    at_least(0)),
+    'many.data_dir': Field("many_task tfds8: TFDS data dir ('' = $TFDS_DATA_DIR or "
+                                    '~/tensorflow_datasets)'),
+    'many.pretrained': Field("many_task: backbone: 'warmup' (mini8's cached warm-up), "
+                                      "a .npz from scripts/convert_vit.py, or '' (random)"),
+    'many.warmup_steps': Field('many_task: steps of the warm-up', at_least(1)),
+    'many.warmup_seed': Field('many_task: seed of the warm-up', SEED),
+    'many.cache_dir': Field("many_task: warm-up cache ('' = $FEDJAX_MTL_CACHE or "
+                                     '~/.cache/fedjax_mtl)'),
+    'many.individual_reference': Field(
+        "many_task: workdir of a finished Individual run of the same tasks and data: results "
+        "get accuracy normalised by it ('' = none)"),
+}
+FIELDS.update(MANY_TASK_FIELDS)
 
 # Fields a Δm reference run must share with this run for its columns
 # (`client/task metric`, report.column_name) to hold comparable numbers: the

@@ -22,6 +22,11 @@ def tiny_config(algorithm: str = 'fedavg', **overrides):
   from fedjax_mtl.defaults import base_config
   c = base_config('smoke', algorithm)
   c.progress = False
+  return override(c, **overrides)
+
+
+def override(c, **overrides):
+  """`c` with dotted fields set (`override(c, **{'model.remat': True})`)."""
   for k, v in overrides.items():
     node = c
     *path, last = k.split('.')

@@ -1,0 +1,252 @@
+"""One many-task round and one evaluation as jitted programs.
+
+**State** (`ManyState`): each trainable leaf lives where its policy puts it
+(`storage`):
+- `global`: one row for everyone, the leaves of the algorithm's shared roles
+  (their server, e.g. FedAvg's mean, gives every row the same value);
+- `task`: one row per task, the heads when the adapters are shared (MaTU spec
+  §7 item 7: heads are averaged per task over the pairs that trained it,
+  weighted by their examples);
+- `pair`: one row per (client, task) pair plus a dummy row, the personal
+  leaves (FedPer's last block and head, Local's everything).
+The frozen backbone is an argument of the programs, one copy, never per pair.
+
+**Round** (`make_round`): the round's S slots (pair ids, padded with the dummy
+pair) gather their start params (global rows broadcast inside the program, not
+copied per slot), train in one `vmap` over slots of a `lax.scan` over local
+steps (AdamW, fresh every round: stateless clients), go through the algorithm's
+client `finalize` and its server part over the shared roles (rows = slots,
+each weighted by its examples, the dummy by 0), and are written back by
+storage. The client's extra loss (FedProx's proximal term) sees the slot's
+start params.
+
+**Evaluation** (`make_eval`): top-1 accuracy and mean cross-entropy of every
+evaluated model on its task's whole test split: one model per task when every
+leaf is `global` or `task`, else one per pair (a client's personal model on its
+task, averaged per task by the caller, MaTU spec §7 item 9).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_mtl.algorithms.base import (Algorithm, ClientCtx, ServerInputs, ServerState,
+                                        role_view)
+from fedjax_mtl.local import _sgd_step
+from fedjax_mtl.manytask import model as model_lib
+from fedjax_mtl.manytask.setting import Setting
+
+PyTree = Any
+STORAGES = ('global', 'task', 'pair')
+
+
+@flax.struct.dataclass
+class ManyState:
+  """Everything a many-task run changes (checkpointed as plain dicts)."""
+  round: jax.Array
+  rng: jax.Array
+  shared: dict  # path -> leaf (one row)
+  task_rows: dict  # path -> [T, ...]
+  pair_rows: dict  # path -> [M + 1, ...] (row M: the dummy pair)
+  server: PyTree = ()
+
+
+def storage(alg: Algorithm, roles: dict) -> dict:
+  """path -> 'global' | 'task' | 'pair' (module docstring)."""
+  adapters_shared = alg.roles.get('decoder') == 'shared'
+
+  def one(role):
+    if role == 'head':
+      return 'task' if adapters_shared or alg.roles.get('head') == 'shared' else 'pair'
+    return 'global' if alg.roles.get(role) == 'shared' else 'pair'
+
+  return {k: one(r) for k, r in roles.items()}
+
+
+def init_state(setting: Setting, trainable: dict, where: dict, seed: int,
+               server: PyTree = ()) -> ManyState:
+  """Round-0 state: every row starts from `trainable` (shared LoRA init, the head init)."""
+  rows = lambda n: {k: jnp.broadcast_to(v, (n,) + v.shape) + 0 for k, v in trainable.items()
+                    if where[k] == ('task' if n == setting.num_tasks else 'pair')}
+  return ManyState(round=jnp.int32(0), rng=jax.random.PRNGKey(seed),
+                   shared={k: jnp.copy(v) for k, v in trainable.items() if where[k] == 'global'},
+                   task_rows=rows(setting.num_tasks), pair_rows=rows(setting.num_pairs + 1),
+                   server=server)
+
+
+def _plan(index_row, count, key, epochs: int, steps_per_epoch: int, local_steps: int,
+          batch: int):
+  """Batches [steps, B] (indices into the concatenated train set) and the real-step
+  mask of one slot. Epochs: a fresh permutation each, ceil(count / B) real steps,
+  the last batch filled from the permutation's start. Steps: `local_steps` batches
+  from one permutation, cycling."""
+  n = index_row.shape[0]
+  safe = jnp.maximum(count, 1)
+
+  def order(k):
+    u = jax.random.uniform(k, (n,))
+    return jnp.argsort(jnp.where(jnp.arange(n) < count, u, 2.))
+
+  if local_steps:
+    pos = jnp.arange(local_steps * batch) % safe
+    idx = index_row[order(key)[pos]].reshape(local_steps, batch)
+    return idx, jnp.broadcast_to(count > 0, (local_steps,))
+
+  def epoch(e):
+    pos = jnp.arange(steps_per_epoch * batch) % safe
+    idx = index_row[order(jax.random.fold_in(key, e))[pos]].reshape(steps_per_epoch, batch)
+    return idx, jnp.arange(steps_per_epoch) < (count + batch - 1) // batch
+
+  idx, mask = jax.vmap(epoch)(jnp.arange(epochs))
+  return idx.reshape(-1, batch), mask.reshape(-1)
+
+
+def _axes(where: dict) -> dict:
+  """vmap axes of a slot's start params: global leaves are one unbatched row."""
+  return {k: None if w == 'global' else 0 for k, w in where.items()}
+
+
+def _finite(tree: dict, n: int) -> jax.Array:
+  ok = [jnp.all(jnp.isfinite(x.reshape(n, -1)), axis=1) for x in jax.tree.leaves(tree)]
+  return jnp.stack(ok).all(0) if ok else jnp.ones((n,), bool)
+
+
+def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
+               lr: float, batch_size: int, local_epochs: int, local_steps: int):
+  """Jitted `(state, backbone, slots [S], images, labels) -> (state, outputs)`.
+
+  `images` uint8 [n, R, R, 3] / `labels` int32 [n]: every task's training set
+  concatenated (`setting.train_offsets`); `slots`: the round's pair ids. The
+  state is donated. Outputs: per slot 'loss', 'steps', 'finite' (loss and
+  trained params), 'agg_finite' and the server's logs.
+  """
+  forward = model_lib.make_forward(model, np.asarray(setting.num_classes))
+  pair_task = jnp.asarray(setting.pair_task)
+  pair_counts = jnp.asarray(setting.pair_counts)
+  table = jnp.asarray(setting.index_table)
+  num_tasks, s = setting.num_tasks, setting.num_slots
+  steps_per_epoch = max(1, math.ceil(int(setting.counts.max()) / batch_size))
+  axes = _axes(where)
+  shared = alg.shared_roles
+  client = alg.client
+
+  def loss_fn(params, start, backbone, images, labels, task):
+    loss = model_lib.cross_entropy(forward(backbone, params, images, task), labels)
+    if client.loss is not None:
+      loss = loss + client.loss(ClientCtx(params=params, start=start, state=(), server_rows={},
+                                          labels=roles, batch={}))
+    return loss
+
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def train_slot(start, backbone, pair, key, images, labels):
+    idx, mask = _plan(table[pair], pair_counts[pair], key, local_epochs, steps_per_epoch,
+                      local_steps, batch_size)
+    task = pair_task[pair]
+    params = jax.tree.map(jnp.asarray, start)
+
+    def step(carry, inp):
+      params, opt = carry
+      i, m = inp
+      loss, grads = grad_fn(params, start, backbone, images[i], labels[i], task)
+      new, new_opt = _sgd_step(tx, lr, grads, opt, params, None)
+      keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(m, x, y), a, b)
+      return (keep(new, params), keep(new_opt, opt)), loss * m
+
+    (params, _), losses = jax.lax.scan(step, (params, tx.init(params)), (idx, mask))
+    steps = jnp.sum(mask)
+    return params, jnp.sum(losses) / jnp.maximum(steps, 1), steps
+
+  def round_fn(state: ManyState, backbone, slots, images, labels):
+    task = pair_task[slots]
+    counts = pair_counts[slots]
+    start = {**state.shared,
+             **{k: v[task] for k, v in state.task_rows.items()},
+             **{k: v[slots] for k, v in state.pair_rows.items()}}
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(state.rng, state.round),
+                                                 i))(slots)
+    trained, loss, steps = jax.vmap(train_slot, in_axes=(axes, None, 0, 0, None, None))(
+        start, backbone, slots, keys, images, labels)
+    uploads, _ = jax.vmap(client.finalize, in_axes=(0, axes, None))(trained, start, ())
+    full_start = {k: (jnp.broadcast_to(v, (s,) + v.shape) if axes[k] is None else v)
+                  for k, v in start.items()}
+    x = ServerInputs(prev={r: role_view(full_start, roles, r) for r in shared},
+                     local={r: role_view(uploads, roles, r) for r in shared},
+                     num_examples=counts.astype(jnp.float32), num_steps=steps.astype(jnp.int32),
+                     client_ids=jnp.arange(s, dtype=jnp.int32), round=state.round)
+    new, sstate, logs = alg.server.apply(ServerState(state.server, {}), x)
+    new_flat = {k: v for r in shared for k, v in (new[r] or {}).items()}
+    new_shared = {k: new_flat[k][0] for k in state.shared}
+    onehot = (task[:, None] == jnp.arange(num_tasks)[None, :]).astype(jnp.float32)
+    w = onehot * counts.astype(jnp.float32)[:, None]  # [S, T]
+    total = jnp.sum(w, 0)
+    has = total > 0
+
+    def task_mean(old, rows):
+      mean = jnp.tensordot(w / jnp.maximum(total, 1.), rows, axes=(0, 0))
+      return jnp.where(has.reshape((-1,) + (1,) * (old.ndim - 1)), mean, old)
+
+    new_task = {k: task_mean(v, trained[k]) for k, v in state.task_rows.items()}
+    new_pair = {k: v.at[slots].set(trained[k]) for k, v in state.pair_rows.items()}
+    new_state = state.replace(round=state.round + 1, shared=new_shared, task_rows=new_task,
+                              pair_rows=new_pair, server=sstate.shared)
+    real = counts > 0
+    written = {**new_shared, **new_task}
+    finite_agg = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(
+        (written, sstate.shared, logs))] or [jnp.bool_(True)]))
+    out = {'loss': loss, 'steps': steps, 'real': real,
+           'finite': jnp.isfinite(loss) & _finite(trained, s), 'agg_finite': finite_agg,
+           'agg': logs}
+    return new_state, out
+
+  return jax.jit(round_fn, donate_argnums=0)
+
+
+def eval_models(setting: Setting, where: dict) -> np.ndarray:
+  """Pair ids whose models are evaluated: every pair when some leaf is per pair,
+  else the first pair of each task (all pairs of a task share its model)."""
+  if any(w == 'pair' for w in where.values()):
+    return np.arange(setting.num_pairs, dtype=np.int32)
+  return np.array([int(np.flatnonzero(setting.pairs[:, 1] == t)[0])
+                   for t in range(setting.num_tasks)], np.int32)
+
+
+def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int):
+  """Jitted `(state, backbone, pairs [E], images, labels, offsets) -> (correct [E], loss [E])`:
+  each pair's model (global + its task's head, or its own rows) on its task's test
+  split (`images`/`labels` concatenated over tasks, task t from `offsets[t]`)."""
+  forward = model_lib.make_forward(model, np.asarray(setting.num_classes))
+  pair_task = jnp.asarray(setting.pair_task)
+  counts = jnp.asarray(test_counts, jnp.int32)
+  num_batches = max(1, math.ceil(int(np.max(test_counts)) / batch))
+
+  def one(state, backbone, pair, images, labels, offsets):
+    task = pair_task[pair]
+    params = {**state.shared, **{k: v[task] for k, v in state.task_rows.items()},
+              **{k: v[pair] for k, v in state.pair_rows.items()}}
+
+    def body(acc, b):
+      pos = b * batch + jnp.arange(batch)
+      valid = pos < counts[task]
+      i = offsets[task] + jnp.minimum(pos, counts[task] - 1)
+      logits = forward(backbone, params, images[i], task)
+      y = labels[i]
+      logp = jax.nn.log_softmax(logits, -1)
+      nll = -jnp.take_along_axis(logp, y[:, None], -1)[:, 0]
+      right = (jnp.argmax(logits, -1) == y) & valid
+      return (acc[0] + jnp.sum(right), acc[1] + jnp.sum(jnp.where(valid, nll, 0.))), None
+
+    (right, nll), _ = jax.lax.scan(body, (jnp.int32(0), jnp.float32(0.)),
+                                   jnp.arange(num_batches))
+    return right, nll / counts[task]
+
+  def eval_fn(state, backbone, pairs, images, labels, offsets):
+    return jax.lax.map(lambda p: one(state, backbone, p, images, labels, offsets), pairs)
+
+  return jax.jit(eval_fn)

@@ -1,0 +1,93 @@
+"""The ViT of the many-task setting: a frozen backbone and a trainable pytree.
+
+Params are kept as two trees: the **backbone** (nested, frozen, one copy for
+all clients) and the **trainable** flat dict `{'/'-joined path: leaf}` of the
+LoRA adapters and the task head. The trainable leaves carry the parameter roles
+the algorithms read (`algorithms.base`): the adapters of every block but the
+last are `encoder`, those of the last block `decoder`, the head `head`. So
+FedAvg/FedProx (`encoder` and `decoder` shared) average every adapter, FedPer
+(`decoder` and `head` personal) keeps "the last ViT block and the classifier"
+(MaTU spec §3) with each (client, task) pair, Local keeps everything.
+
+Every task's head has `max_classes` outputs; a task with C classes masks the
+logits of the others (they get -1e9), so all pairs share one head shape.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_mtl.data import image_preprocess
+from fedjax_mtl.models import vit
+
+PyTree = Any
+_BLOCK = re.compile(r'(?:encoderblock|resblocks)_(\d+)')
+MASKED_LOGIT = -1e9
+
+
+def make_model(cfg, max_classes: int):
+  """The ViT `many.model` at `many.resolution` with LoRA on q/v and a `max_classes` head."""
+  alpha = float(cfg.lora_alpha) or None
+  return vit.get_model(cfg.model, image_size=int(cfg.resolution), num_classes=max_classes,
+                       lora_rank=int(cfg.lora_rank), lora_alpha=alpha,
+                       lora_seed=int(cfg.lora_seed))
+
+
+def split(params: PyTree) -> tuple[PyTree, dict]:
+  """(backbone tree, trainable flat dict) of a full params tree."""
+  flat = vit.flatten_params(params)
+  labels = vit.flatten_params(vit.param_labels(params))
+  train = {k: v for k, v in flat.items() if labels[k] != 'backbone'}
+  frozen = vit.unflatten_params({k: v for k, v in flat.items() if labels[k] == 'backbone'})
+  return frozen, dict(sorted(train.items()))
+
+
+def merge(backbone: PyTree, trainable: dict) -> PyTree:
+  """The full params tree of `backbone` and a trainable flat dict."""
+  return vit.unflatten_params({**vit.flatten_params(backbone), **trainable})
+
+
+def roles(trainable: dict) -> dict:
+  """Role of every trainable leaf: `encoder` (adapters of all blocks but the last),
+  `decoder` (the last block's adapters), `head`."""
+  blocks = [int(m.group(1)) for k in trainable for m in [_BLOCK.search(k)] if m]
+  last = max(blocks) if blocks else -1
+
+  def role(path: str) -> str:
+    if path.startswith(vit.HEAD_NAME + '/'):
+      return 'head'
+    m = _BLOCK.search(path)
+    return 'decoder' if m and int(m.group(1)) == last else 'encoder'
+
+  return {k: role(k) for k in trainable}
+
+
+def checkpoint_norm(model) -> str:
+  """The input normalisation of the model family (AugReg ViT: 0.5/0.5; CLIP: CLIP's)."""
+  return 'clip' if isinstance(model, vit.CLIPVisionTower) else 'augreg'
+
+
+def make_forward(model, class_counts: np.ndarray):
+  """`forward(backbone, trainable, images uint8 [B, R, R, 3], task) -> logits [B, C_max]`
+  with the logits past task `task`'s class count masked."""
+  counts = jnp.asarray(class_counts, jnp.int32)
+  norm = checkpoint_norm(model)
+
+  def forward(backbone, trainable, images, task):
+    x = image_preprocess.normalize(images, norm)
+    _, logits = model.apply({'params': merge(backbone, trainable)}, x)
+    keep = jnp.arange(logits.shape[-1]) < counts[task]
+    return jnp.where(keep, logits.astype(jnp.float32), MASKED_LOGIT)
+
+  return forward
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean cross-entropy of integer labels."""
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))

@@ -1,0 +1,279 @@
+"""The many-task run loop (`config.setting = 'many_task'`, e.g. `configs/fedavg.py:mini8`).
+
+    build (tasks, data, allocation, schedule, backbone, algorithm)
+    -> round-0 state (or the newest checkpoint)
+    for each round: the round's pairs train and aggregate (one jitted call)
+                    -> evaluation every `eval_every` rounds -> metrics.jsonl, checkpoint
+    -> results.md / results.csv: per-task top-1 accuracy, the mean, bits per task,
+       and accuracy normalised by an Individual run (`many.individual_reference`)
+
+Algorithms: those whose server gives every row of a shared role the same value
+(`SUPPORTED`: FedAvg, FedProx, FedPer, and Local, which with one client per
+task holding all of it is the "Individual" baseline). FedAvg-family means weigh
+each (client, task) pair by its examples (`fedavg.weighting='examples'`,
+spec matu §3), which also gives the padding slots weight 0.
+
+**Communication** (logged per round, spec matu §3 "bits per task"): a
+participating pair uploads its shared-role leaves (the LoRA adapters an
+algorithm aggregates) and, when heads are averaged per task, its task's head
+(the columns of its own classes), all float32: 32 bits per value.
+`bits_per_task` is the mean upload of the round's pairs, `upload_bits` their sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_mtl import algorithms, report, validate
+from fedjax_mtl.algorithms.base import role_view
+from fedjax_mtl.checkpoint import Checkpointer
+from fedjax_mtl.errors import ConfigError, DivergedError
+from fedjax_mtl.local import make_optimizer
+from fedjax_mtl.manytask import engine, pretrain
+from fedjax_mtl.manytask import model as model_lib
+from fedjax_mtl.manytask import setting as setting_lib
+from fedjax_mtl.models import vit
+
+SUPPORTED = ('fedavg', 'fedprox', 'fedper', 'local')
+
+
+def check(config) -> None:
+  """The many-task fields and their combinations (one ConfigError line each)."""
+  cfg = config.many
+  *wrappers, base = algorithms.check(config.algorithm)
+  if wrappers or base not in SUPPORTED:
+    raise ConfigError(f'algorithm {config.algorithm!r} does not run in the many-task setting; '
+                      'valid choices: ' + ', '.join(map(repr, SUPPORTED)))
+  if base in ('fedavg', 'fedprox') and config.get('fedavg', {}).get('weighting',
+                                                                   'uniform') != 'examples':
+    raise ConfigError("many-task FedAvg weighs each (client, task) pair by its examples; set "
+                      "fedavg.weighting='examples' (configs/<algorithm>.py:mini8 does)")
+  if (cfg.local_epochs > 0) == (cfg.local_steps > 0):
+    raise ConfigError(f'many.local_epochs={cfg.local_epochs} and many.local_steps='
+                      f'{cfg.local_steps}: set exactly one of them > 0')
+  tasks = setting_lib.selected_tasks(cfg)
+  if cfg.zeta_t == 0 and cfg.num_clients < len(tasks):
+    raise ConfigError(f'many.zeta_t=0 gives one task per client and needs num_clients >= '
+                      f'{len(tasks)} tasks, got {cfg.num_clients}')
+  if cfg.pretrained == 'warmup' and cfg.benchmark != 'mini8':
+    raise ConfigError("many.pretrained='warmup' is mini8's; give the converted backbone "
+                      '(.npz from scripts/convert_vit.py) for tfds8')
+  if cfg.pretrained not in ('', 'warmup') and not os.path.isfile(cfg.pretrained):
+    raise ConfigError(f'many.pretrained={cfg.pretrained!r} is not a file; convert a '
+                      "checkpoint with scripts/convert_vit.py, or use 'warmup' or ''")
+  ref = cfg.individual_reference
+  if ref and not os.path.isfile(os.path.join(ref, 'results.csv')):
+    raise ConfigError(f'many.individual_reference {ref!r} holds no results.csv; give the '
+                      'workdir of a finished Individual run')
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Run:
+  """Everything static about a many-task run."""
+  config: ml_collections.ConfigDict
+  setting: setting_lib.Setting
+  data: setting_lib.TaskData
+  model: object
+  backbone: dict
+  trainable: dict
+  roles: dict
+  where: dict
+  algorithm: algorithms.Algorithm
+  round_fn: object
+  eval_fn: object
+  eval_pairs: np.ndarray
+
+
+def slot_info(setting: setting_lib.Setting, config) -> algorithms.FedInfo:
+  """The algorithm's view of a round: S slots, each one (client, task) pair with one
+  "decoder" row (its last block's adapters)."""
+  s = setting.num_slots
+  names = tuple(f'slot{i}' for i in range(s))
+  return algorithms.FedInfo(
+      num_clients=s, num_decoders=s, decoder_client=tuple(range(s)), decoder_names=names,
+      client_names=names, homo_groups=(s,), num_rounds=int(config.num_rounds),
+      client_keys=tuple((config.many.benchmark, 'pair') for _ in range(s)),
+      decoder_keys=tuple((config.many.benchmark, 'pair') for _ in range(s)))
+
+
+def build(config) -> Run:
+  """Validate and build the run (loads data, makes or loads the backbone); writes
+  nothing but the warm-up cache."""
+  check(config)
+  cfg = config.many
+  tasks = setting_lib.selected_tasks(cfg)
+  data = setting_lib.load_data(cfg, tasks, int(config.data.seed))
+  setting = setting_lib.build_setting(tasks, data, cfg, int(config.num_rounds),
+                                      int(config.split_seed), cfg.benchmark)
+  model = model_lib.make_model(cfg, setting.max_classes)
+  params = vit.init_params(model, jax.random.PRNGKey(int(config.seed)))
+  backbone, trainable = model_lib.split(params)
+  backbone = pretrain.load_backbone(cfg, backbone)
+  roles = model_lib.roles(trainable)
+  alg = algorithms.get_algorithm(config.algorithm, slot_info(setting, config), config)
+  where = engine.storage(alg, roles)
+  steps = int(cfg.local_steps)
+  round_fn = engine.make_round(setting, model, alg, make_optimizer(config.optim), roles, where,
+                               lr=float(config.optim.lr), batch_size=int(config.batch_size),
+                               local_epochs=0 if steps else int(cfg.local_epochs),
+                               local_steps=steps)
+  test_counts = np.array([len(lab) for _, lab in data.test])
+  eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size))
+  return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
+             trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
+             eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where))
+
+
+def init_state(run: Run) -> engine.ManyState:
+  s = run.setting.num_slots
+  views = {r: jax.tree.map(lambda v: jnp.broadcast_to(v, (s,) + v.shape),
+                          role_view(run.trainable, run.roles, r))
+           for r in run.algorithm.shared_roles}
+  server = run.algorithm.server.init(views)
+  if server.rows:
+    raise ConfigError(f'algorithm {run.config.algorithm!r} keeps per-client server state, '
+                      'which the many-task setting does not hold')
+  return engine.init_state(run.setting, run.trainable, run.where, int(run.config.seed),
+                           server.shared)
+
+
+def upload_bits(run: Run) -> np.ndarray:
+  """[M + 1] bits each pair uploads per round (module docstring); the dummy 0."""
+  shared = set(run.algorithm.shared_roles)
+  adapters = sum(int(np.prod(v.shape)) for k, v in run.trainable.items()
+                 if run.roles[k] in shared)
+  heads_up = any(w == 'task' for w in run.where.values())
+  head_values = {k: v for k, v in run.trainable.items() if run.roles[k] == 'head'}
+  bits = []
+  for _, t in run.setting.pairs:
+    c = run.setting.num_classes[t]
+    head = sum(int(np.prod(v.shape[:-1])) * c for v in head_values.values()) if heads_up else 0
+    bits.append(32 * (adapters + head))
+  return np.array(bits + [0], np.int64)
+
+
+def _concat(split) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  images = np.concatenate([x for x, _ in split])
+  labels = np.concatenate([y for _, y in split]).astype(np.int32)
+  offsets = np.concatenate([[0], np.cumsum([len(y) for _, y in split])[:-1]]).astype(np.int32)
+  return images, labels, offsets
+
+
+def evaluate(run: Run, state, test) -> list[dict]:
+  """Per task: top-1 accuracy (%) and test loss, averaged over the evaluated models."""
+  right, loss = jax.device_get(run.eval_fn(state, run.backbone, jnp.asarray(run.eval_pairs),
+                                           *test))
+  counts = [len(y) for _, y in run.data.test]
+  rows = []
+  for t, task in enumerate(run.setting.tasks):
+    sel = run.setting.pairs[run.eval_pairs, 1] == t
+    acc = 100. * float(np.mean(right[sel])) / counts[t]
+    rows.append({'task': task, 'metric': 'accuracy', 'value': acc, 'models': int(sel.sum())})
+    rows.append({'task': task, 'metric': 'loss', 'value': float(np.mean(loss[sel]))})
+  return rows
+
+
+def _individual(ref: str) -> dict[str, float]:
+  rows = report.read_jsonl(os.path.join(ref, 'metrics.jsonl'))
+  last = max((r['round'] for r in rows if r.get('type') == 'eval'), default=None)
+  return {r['task']: r['value'] for r in rows if r.get('type') == 'eval'
+          and r['round'] == last and r['metric'] == 'accuracy'}
+
+
+def results(run: Run, final: list[dict], bits: float) -> tuple[str, str]:
+  """(results.md, results.csv): accuracy per task, mean, normalised accuracy, bits per task."""
+  acc = {r['task']: r['value'] for r in final if r['metric'] == 'accuracy'}
+  ref = (_individual(run.config.many.individual_reference)
+         if run.config.many.individual_reference else {})
+  tasks = list(run.setting.tasks)
+  head = ['method'] + tasks + ['avg', 'bits/task']
+  row = [run.config.algorithm] + [f'{acc[t]:.2f}' for t in tasks] + [
+      f'{np.mean(list(acc.values())):.2f}', f'{bits:.3g}']
+  lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head), '| ' + ' | '.join(row) + ' |']
+  csv = [','.join(head), ','.join(row)]
+  if ref:
+    norm = [100. * acc[t] / ref[t] if ref.get(t) else float('nan') for t in tasks]
+    nrow = ['normalised %'] + [f'{v:.1f}' for v in norm] + [f'{np.nanmean(norm):.1f}', '']
+    lines.append('| ' + ' | '.join(nrow) + ' |')
+    csv.append(','.join(nrow))
+  return '\n'.join(lines) + '\n', '\n'.join(csv) + '\n'
+
+
+def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> dict:
+  """Run (or resume) a many-task experiment in `workdir`; returns the final evaluation."""
+  validate.check_fields(config)
+  validate.check_workdir(workdir)
+  run = build(config)  # every input is read (and checked) before anything is written
+  from fedjax_mtl.train import _check_workdir
+  _check_workdir(config, workdir)
+  os.makedirs(workdir, exist_ok=True)
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
+  start = ckpt.latest_round() or 0
+  state = init_state(run)
+  if start:
+    start, state = ckpt.restore_latest(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state))
+    report.truncate_jsonl(metrics_path, start)
+  elif os.path.exists(metrics_path):
+    os.remove(metrics_path)
+  report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  train_images, train_labels, _ = _concat(run.data.train)
+  train_images, train_labels = jax.device_put((train_images, train_labels))
+  test = jax.device_put(_concat(run.data.test))
+  bits = upload_bits(run)
+  schedule = jnp.asarray(run.setting.schedule)
+  total = int(config.num_rounds)
+  final = []
+  try:
+    for rnd in range(start + 1, total + 1):
+      t0 = time.perf_counter()
+      slots = run.setting.schedule[rnd - 1]
+      state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], train_images,
+                                train_labels)
+      out = jax.device_get(out)
+      bad = [run.setting.pair_name(p) for p, ok, real in zip(slots, out['finite'], out['real'])
+             if real and not ok]
+      if bad or not out['agg_finite']:
+        what = (f'training loss or parameters of {", ".join(bad)}' if bad
+                else 'aggregated parameters or server state')
+        raise DivergedError(f'round {rnd}: non-finite {what} ({config.algorithm}); the round '
+                            'was not saved; lower optim.lr or check the data')
+      real = out['real']
+      round_bits = bits[slots][real]
+      rows = [{'round': rnd, 'type': 'train', 'client': f'client{run.setting.pairs[p][0]}',
+               'task': run.setting.tasks[run.setting.pairs[p][1]], 'loss': float(loss),
+               'steps': int(steps)}
+              for p, loss, steps, r in zip(slots, out['loss'], out['steps'], real) if r]
+      rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round_bits.sum()),
+                   'bits_per_task': float(round_bits.mean()),
+                   **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}})
+      if rnd % int(config.eval_every) == 0 or rnd == total:
+        final = [{'round': rnd, 'type': 'eval', **r} for r in evaluate(run, state, test)]
+        rows += final
+      report.append_jsonl(metrics_path, rows)
+      if rnd % int(config.checkpoint_every) == 0 or rnd == total:
+        ckpt.save(rnd, state)
+      if config.progress:
+        acc = [r['value'] for r in rows if r.get('metric') == 'accuracy']
+        print(f'round {rnd}/{total} {time.perf_counter() - t0:6.2f}s | train loss '
+              f'{np.mean([r["loss"] for r in rows if r["type"] == "train"]):.4f}'
+              + (f' | eval mean accuracy {np.mean(acc):.2f}' if acc else ''), flush=True)
+      if stop_after is not None and rnd >= stop_after:
+        return {'state': state, 'eval': final, 'interrupted': True}
+  finally:
+    ckpt.close()
+  rows = report.read_jsonl(metrics_path)
+  final = [r for r in rows if r['type'] == 'eval' and r['round'] == total]
+  mean_bits = float(np.mean([r['bits_per_task'] for r in rows if r['type'] == 'agg']))
+  md, csv = results(run, final, mean_bits)
+  report.atomic_write(os.path.join(workdir, 'results.md'), md)
+  report.atomic_write(os.path.join(workdir, 'results.csv'), csv)
+  return {'state': state, 'eval': final, 'interrupted': False}

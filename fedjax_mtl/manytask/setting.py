@@ -1,0 +1,174 @@
+"""Static tables of a many-task run: tasks and their data, who holds what, and
+which (client, task) pairs train in each round.
+
+A *pair* is one (client, task) of the allocation, numbered client-major (pair
+ids sort by client, then task). Per round, the participating clients
+(`many_task.sample_participants`, a pure function of seed and round) bring all
+their pairs; `schedule[r]` lists them, padded with the dummy pair id M (no data,
+weight 0) to S = the most pairs any round has, so one compiled round serves
+every round (the participants are gathered, nothing recompiles).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+import numpy as np
+
+from fedjax_mtl.data import many_task, mini8
+from fedjax_mtl.errors import ConfigError, check_choice
+
+BENCHMARKS = ('mini8', 'tfds8')
+CLASS_SPLITS = ('dirichlet', 'iid')
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The `many` block (used when `setting='many_task'`)."""
+  return ml_collections.ConfigDict({
+      'benchmark': 'mini8',  # 'mini8' (offline) or 'tfds8' (the real 8 tasks from TFDS)
+      'tasks': '',  # comma-separated subset ('' = all)
+      'num_clients': 10,
+      'zeta_t': 0.0,  # task concentration (0: one task per client)
+      'zeta_c': 0.1,  # class concentration of the Dirichlet class split
+      'class_split': 'dirichlet',  # or 'iid' (NIID-Bench's "homo": equal random parts)
+      'participation': 1.0,  # ξ: fraction of clients per round
+      'local_epochs': 1,  # per pair per round (0 when local_steps is set)
+      'local_steps': 0,  # > 0: this many steps per pair per round instead of epochs
+      'model': 'vit_micro',
+      'resolution': 32,
+      'lora_rank': 8,
+      'lora_alpha': 0.0,  # 0: alpha = rank (scale 1)
+      'lora_seed': 0,
+      'num_train': 0,  # per task (0 = the whole split)
+      'num_test': 0,
+      'data_dir': '',  # tfds8: the TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)
+      'pretrained': 'warmup',  # 'warmup' (mini8), a backbone .npz, or '' (random init)
+      'warmup_steps': 1000,
+      'warmup_seed': 0,
+      'cache_dir': '',  # warm-up cache ('' = $FEDJAX_MTL_CACHE or ~/.cache/fedjax_mtl)
+      'individual_reference': '',  # workdir of an Individual run: normalised accuracy
+  })
+
+
+def benchmark_tasks(benchmark: str) -> tuple[str, ...]:
+  """The tasks of a benchmark, in its order."""
+  check_choice('many.benchmark', benchmark, BENCHMARKS)
+  if benchmark == 'mini8':
+    return mini8.TASKS
+  from fedjax_mtl.data import tfds_tasks
+  return tfds_tasks.TASKS
+
+
+def selected_tasks(cfg) -> tuple[str, ...]:
+  """`many.tasks` (comma-separated subset, '' = all) in benchmark order, checked."""
+  tasks = benchmark_tasks(cfg.benchmark)
+  chosen = [t.strip() for t in cfg.tasks.split(',') if t.strip()]
+  for t in chosen:
+    check_choice('many.tasks entry', t, tasks, f' of benchmark {cfg.benchmark!r}')
+  if len(set(chosen)) != len(chosen):
+    raise ConfigError(f'many.tasks={cfg.tasks!r} names a task twice')
+  return tuple(t for t in tasks if t in chosen) if chosen else tasks
+
+
+def num_classes(benchmark: str, task: str) -> int:
+  if benchmark == 'mini8':
+    return mini8.num_classes(task)
+  from fedjax_mtl.data import tfds_tasks
+  return tfds_tasks.num_classes(task)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaskData:
+  """Every task's images (uint8 [n, R, R, 3]) and int32 labels, per split."""
+  train: tuple[tuple[np.ndarray, np.ndarray], ...]
+  test: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+
+def load_data(cfg, tasks: tuple[str, ...], seed: int) -> TaskData:
+  """The train and test splits of `tasks` (`many.num_train` / `num_test` per task, 0 = all)."""
+  def one(task, split, num):
+    num = int(num) or None
+    if cfg.benchmark == 'mini8':
+      return mini8.load(task, split, num, seed, resolution=int(cfg.resolution))
+    from fedjax_mtl.data import tfds_tasks
+    return tfds_tasks.load(task, split, data_dir=cfg.data_dir or None,
+                           resolution=int(cfg.resolution), num=num, seed=seed)
+  return TaskData(train=tuple(one(t, 'train', cfg.num_train) for t in tasks),
+                  test=tuple(one(t, 'test', cfg.num_test) for t in tasks))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Setting:
+  """Who holds what and who trains when (all NumPy, closed over by jitted code)."""
+  tasks: tuple[str, ...]
+  num_classes: tuple[int, ...]
+  allocation: many_task.Allocation
+  pairs: np.ndarray  # [M, 2] (client, task) of every allocated pair, client-major
+  counts: np.ndarray  # [M] training examples of each pair
+  index_table: np.ndarray  # [M + 1, max_n] indices into the concatenated train set
+  train_offsets: np.ndarray  # [T + 1] first index of each task in the concatenated train set
+  participants: np.ndarray  # [R, P] client ids per round
+  schedule: np.ndarray  # [R, S] pair ids per round, padded with M
+
+  @property
+  def num_tasks(self) -> int:
+    return len(self.tasks)
+
+  @property
+  def num_pairs(self) -> int:
+    return len(self.pairs)
+
+  @property
+  def num_slots(self) -> int:
+    return self.schedule.shape[1]
+
+  @property
+  def max_classes(self) -> int:
+    return max(self.num_classes)
+
+  @property
+  def pair_task(self) -> np.ndarray:
+    """[M + 1] task of each pair (the dummy: task 0)."""
+    return np.append(self.pairs[:, 1], 0).astype(np.int32)
+
+  @property
+  def pair_counts(self) -> np.ndarray:
+    """[M + 1] examples of each pair (the dummy: 0)."""
+    return np.append(self.counts, 0).astype(np.int32)
+
+  def pair_name(self, pair: int) -> str:
+    c, t = self.pairs[pair]
+    return f'client{c}/{self.tasks[t]}'
+
+
+def build_setting(tasks: tuple[str, ...], data: TaskData, cfg, num_rounds: int,
+                  seed: int, benchmark: str) -> Setting:
+  """Allocation (Dirichlet tasks and classes), pairs and the padded round schedule."""
+  zeta_t = float(cfg.zeta_t)
+  check_choice('many.class_split', cfg.class_split, CLASS_SPLITS)
+  zeta_c = None if cfg.class_split == 'iid' else float(cfg.zeta_c)
+  alloc = many_task.allocate([lab for _, lab in data.train], int(cfg.num_clients), zeta_t,
+                             zeta_c, seed)
+  pairs = np.array([(c, t) for c in range(alloc.num_clients) for t in alloc.tasks_of(c)],
+                   np.int32).reshape(-1, 2)
+  offsets = np.concatenate([[0], np.cumsum([len(lab) for _, lab in data.train])])
+  rows = [alloc.indices[c][t] + offsets[t] for c, t in pairs]
+  counts = np.array([len(r) for r in rows], np.int32)
+  table = np.zeros((len(rows) + 1, max(counts)), np.int32)
+  for i, r in enumerate(rows):
+    table[i, :len(r)] = r
+  pair_id = {(int(c), int(t)): i for i, (c, t) in enumerate(pairs)}
+  participants = np.stack([many_task.sample_participants(alloc.num_clients,
+                                                         float(cfg.participation), r, seed)
+                           for r in range(num_rounds)])
+  per_round = [[pair_id[(int(c), int(t))] for c in p for t in alloc.tasks_of(c)]
+               for p in participants]
+  slots = max(len(p) for p in per_round)
+  schedule = np.full((num_rounds, slots), len(pairs), np.int32)
+  for r, p in enumerate(per_round):
+    schedule[r, :len(p)] = p
+  return Setting(tasks=tasks, num_classes=tuple(num_classes(benchmark, t) for t in tasks),
+                 allocation=alloc, pairs=pairs, counts=counts, index_table=table,
+                 train_offsets=offsets.astype(np.int64), participants=participants,
+                 schedule=schedule)

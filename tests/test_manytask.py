@@ -1,0 +1,218 @@
+"""The many-task classification setting (fedjax_mtl/manytask): tables, storage, the
+round against the algorithms' definitions, resume, and bad input."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import override
+from fedjax_mtl import train
+from fedjax_mtl.data import many_task
+from fedjax_mtl.defaults import base_config
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.manytask import engine, pretrain
+from fedjax_mtl.manytask import model as model_lib
+from fedjax_mtl.manytask import run as run_lib
+
+
+def tiny(algorithm='fedavg', **over):
+  """4 mini8 tasks at 16x16, 6 clients with overlapping tasks, half of them per round."""
+  c = base_config('mini8', algorithm)
+  if algorithm == 'fedprox':
+    from fedjax_mtl.algorithms.fedprox import default_config
+    c.fedprox = default_config()
+  c.progress = False
+  c.num_rounds = 2
+  c.eval_every = 1
+  c.batch_size = 8
+  c.eval_batch_size = 16
+  m = c.many
+  m.tasks = 'digits,digits_perm,shapes,colors'
+  m.num_clients = 6
+  m.zeta_t = 0.5
+  m.participation = 0.5
+  m.model = 'vit_micro'
+  m.resolution = 16
+  m.lora_rank = 2
+  m.num_train = 48
+  m.num_test = 20
+  m.pretrained = ''
+  return override(c, **over)
+
+
+@pytest.fixture(scope='module')
+def fedavg_run():
+  return run_lib.build(tiny())
+
+
+def test_schedule_is_fixed_size_and_lists_every_participant_pair(fedavg_run):
+  st = fedavg_run.setting
+  m = st.num_pairs
+  assert st.schedule.shape == (2, st.num_slots) and (st.schedule == m).any()  # padded
+  for r in range(2):
+    clients = many_task.sample_participants(6, 0.5, r, 0)
+    np.testing.assert_array_equal(st.participants[r], clients)
+    want = [i for i, (c, _) in enumerate(st.pairs) if c in clients]
+    assert sorted(st.schedule[r][st.schedule[r] < m].tolist()) == want
+  # Pairs are the allocation's (client, task) cells, with their sample counts.
+  a = st.allocation
+  assert [tuple(p) for p in st.pairs] == [(c, t) for c in range(6) for t in a.tasks_of(c)]
+  assert st.counts.tolist() == [len(a.indices[c][t]) for c, t in st.pairs]
+  assert st.counts.sum() == 4 * 48  # the pairs of a task share its training set
+
+
+def test_storage_follows_the_algorithm_roles():
+  trainable = {'Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/lora_a': 0,
+               'Transformer/encoderblock_1/MultiHeadDotProductAttention_1/value/lora_b': 0,
+               'head/kernel': 0}
+  roles = model_lib.roles(trainable)
+  assert list(roles.values()) == ['encoder', 'decoder', 'head']
+  from fedjax_mtl import algorithms
+  from fedjax_mtl.manytask.run import slot_info
+  info = slot_info(run_lib.build(tiny()).setting, tiny())
+  got = {name: list(engine.storage(algorithms.get_algorithm(name, info, tiny(name)),
+                                   roles).values())
+         for name in ('fedavg', 'fedprox', 'fedper', 'local')}
+  assert got == {'fedavg': ['global', 'global', 'task'], 'fedprox': ['global', 'global', 'task'],
+                 'fedper': ['global', 'pair', 'pair'], 'local': ['pair', 'pair', 'pair']}
+
+
+def _round1(run):
+  from fedjax_mtl.manytask.run import _concat, init_state
+  images, labels, _ = _concat(run.data.train)
+  state = init_state(run)
+  slots = jnp.asarray(run.setting.schedule[0])
+  return run.round_fn(state, run.backbone, slots, jnp.asarray(images), jnp.asarray(labels))
+
+
+def test_fedavg_round_is_the_weighted_mean_of_the_local_round(fedavg_run):
+  """Round 1 trains the same slots from the same start under FedAvg and Local, so
+  FedAvg's adapters are the examples-weighted mean of Local's trained rows, each
+  task's head the mean over that task's slots; padding slots weigh nothing."""
+  local = run_lib.build(tiny('local'))
+  st = fedavg_run.setting
+  slots = st.schedule[0]
+  real = slots < st.num_pairs
+  w = st.pair_counts[slots].astype(np.float64)
+  avg, _ = _round1(fedavg_run)
+  loc, out = _round1(local)
+  assert out['real'].tolist() == real.tolist() and (out['steps'][real] > 0).all()
+  trained = {k: np.asarray(v)[slots] for k, v in loc.pair_rows.items()}
+  for k, v in avg.shared.items():
+    want = np.tensordot(w / w.sum(), trained[k].astype(np.float64), axes=(0, 0))
+    np.testing.assert_allclose(v, want, rtol=1e-5, atol=1e-6)
+  tasks = st.pair_task[slots]
+  for k, v in avg.task_rows.items():
+    for t in range(st.num_tasks):
+      sel = (tasks == t) & real
+      if sel.any():
+        want = np.tensordot(w[sel] / w[sel].sum(), trained[k][sel].astype(np.float64), (0, 0))
+        np.testing.assert_allclose(v[t], want, rtol=1e-5, atol=1e-6)
+      else:  # no participant held the task: its head is untouched
+        np.testing.assert_array_equal(v[t], fedavg_run.trainable[k])
+
+
+def test_fedprox_with_mu_zero_is_fedavg_bitwise(fedavg_run):
+  prox = run_lib.build(tiny('fedprox', **{'fedprox.mu': 0.0}))
+  a, _ = _round1(fedavg_run)
+  b, _ = _round1(prox)
+  jax.tree.map(np.testing.assert_array_equal, a.shared, b.shared)
+  # ... and with mu > 0 the adapters move less from the start.
+  c, _ = _round1(run_lib.build(tiny('fedprox', **{'fedprox.mu': 100.0})))
+  start = fedavg_run.trainable
+  dist = lambda s: sum(float(np.sum((np.asarray(s[k]) - start[k]) ** 2)) for k in s)
+  assert dist(c.shared) < dist(a.shared)
+
+
+def test_local_steps_mode_and_one_task_per_client():
+  run = run_lib.build(tiny('local', **{'many.local_epochs': 0, 'many.local_steps': 3,
+                                       'many.zeta_t': 0.0, 'many.participation': 1.0}))
+  st = run.setting
+  assert st.allocation.assignment.sum(1).tolist() == [1] * 6
+  assert st.num_slots == 6 and (st.schedule < st.num_pairs).all()
+  _, out = _round1(run)
+  assert out['steps'].tolist() == [3] * 6
+
+
+def test_run_writes_results_resumes_and_counts_bits(tmp_path):
+  cfg = tiny()
+  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
+  part = tmp_path / 'part'
+  assert train.train_and_evaluate(cfg, str(part), stop_after=1)['interrupted']
+  resumed = train.train_and_evaluate(cfg, str(part))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(full['state']),
+               jax.device_get(resumed['state']))
+  rows = [json.loads(line) for line in open(part / 'metrics.jsonl')]
+  assert [r['round'] for r in rows if r['type'] == 'agg'] == [1, 2]
+  agg = [r for r in rows if r['type'] == 'agg'][0]
+  run = run_lib.build(cfg)
+  adapters = sum(int(np.prod(v.shape)) for k, v in run.trainable.items()
+                 if run.roles[k] != 'head')
+  d = run.trainable['head/kernel'].shape[0]
+  st = run.setting
+  pairs = st.schedule[0][st.schedule[0] < st.num_pairs]
+  want = [32 * (adapters + (d + 1) * st.num_classes[st.pairs[p][1]]) for p in pairs]
+  assert agg['upload_bits'] == sum(want) and agg['bits_per_task'] == pytest.approx(np.mean(want))
+  acc = [r for r in full['eval'] if r['metric'] == 'accuracy']
+  assert len(acc) == 4 and all(0 <= r['value'] <= 100 for r in acc)
+  table = (part / 'results.md').read_text()
+  assert 'digits_perm' in table and 'bits/task' in table
+
+
+def test_individual_reference_gives_normalised_accuracy(tmp_path):
+  ind = tiny('local', **{'many.num_clients': 4, 'many.zeta_t': 0.0,
+                         'many.class_split': 'iid', 'many.participation': 1.0})
+  train.train_and_evaluate(ind, str(tmp_path / 'ind'))
+  run = run_lib.build(ind)
+  assert run.setting.counts.tolist() == [48] * 4  # each task's whole training set
+  cfg = tiny(**{'many.individual_reference': str(tmp_path / 'ind')})
+  train.train_and_evaluate(cfg, str(tmp_path / 'fed'))
+  assert 'normalised %' in (tmp_path / 'fed' / 'results.md').read_text()
+
+
+def test_warmup_backbone_is_cached_and_reused(tmp_path):
+  cfg = tiny(**{'many.pretrained': 'warmup', 'many.warmup_steps': 3,
+                'many.cache_dir': str(tmp_path)})
+  a = run_lib.build(cfg)
+  path = pretrain.warmup_path(cfg.many)
+  assert os.path.exists(path)
+  mtime = os.path.getmtime(path)
+  b = run_lib.build(cfg)
+  assert os.path.getmtime(path) == mtime
+  jax.tree.map(np.testing.assert_array_equal, a.backbone, b.backbone)
+  rand = run_lib.build(tiny())
+  assert not np.array_equal(a.backbone['embedding']['kernel'], rand.backbone['embedding']['kernel'])
+
+
+@pytest.mark.parametrize('over,message', [
+    ({'algorithm': 'hca2'}, "valid choices: 'fedavg', 'fedprox', 'fedper', 'local'"),
+    ({'many.tasks': 'digits,mnist'}, "many.tasks entry 'mnist'"),
+    ({'many.zeta_t': -1.0}, 'many.zeta_t'),
+    ({'many.participation': 0.0}, 'many.participation'),
+    ({'many.participation': 1.5}, 'many.participation'),
+    ({'many.local_steps': 4}, 'set exactly one of them'),
+    ({'many.zeta_t': 0.0, 'many.num_clients': 3}, 'num_clients >= 4'),
+    ({'many.pretrained': 'missing.npz'}, 'is not a file'),
+    ({'fedavg.weighting': 'uniform'}, "fedavg.weighting='examples'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, over, message):
+  cfg = override(tiny(), **over)
+  with pytest.raises(ConfigError) as e:
+    train.train_and_evaluate(cfg, str(tmp_path / 'w'))
+  assert message in str(e.value) and '\n' not in str(e.value)
+  assert not (tmp_path / 'w').exists()
+
+
+def test_backbone_of_another_model_is_refused(tmp_path):
+  from fedjax_mtl.models import vit
+  other = model_lib.make_model(tiny(**{'many.model': 'vit_tiny_test'}).many, 10)
+  backbone, _ = model_lib.split(jax.device_get(vit.init_params(other, jax.random.PRNGKey(0))))
+  path = tmp_path / 'b.npz'
+  np.savez(path, **{k: np.asarray(v) for k, v in vit.flatten_params(backbone).items()})
+  with pytest.raises(ConfigError, match='does not fit model') as e:
+    run_lib.build(tiny(**{'many.pretrained': str(path)}))
+  assert '\n' not in str(e.value)
