@@ -765,6 +765,97 @@ def _with_client_sharding(exp, tree):
                                                      sharding=exp.client_sharding), tree)
 
 
+def vit_lora_runner(batch: int = 32, resolution: int = 224, rank: int = 16):
+  """(run, step): one training step of LoRA (rank 16 on q/v) + a 10-class head on a
+  frozen ViT-B/32 at 224, batch 32, AdamW, as one (client, task) pair of the
+  many-task round trains (`manytask.model.make_forward`, `local._sgd_step`);
+  params and optimizer state donated, one call per step."""
+  import ml_collections
+  from fedjax_mtl.local import _sgd_step, make_optimizer
+  from fedjax_mtl.manytask import model as many_model
+  from fedjax_mtl.models import vit
+  cfg = ml_collections.ConfigDict({'model': 'vit_b32', 'resolution': resolution,
+                                   'lora_rank': rank, 'lora_alpha': 0.0, 'lora_seed': 0})
+  model = many_model.make_model(cfg, 10)
+  backbone, trainable = many_model.split(vit.init_params(model, jax.random.PRNGKey(0)))
+  forward = many_model.make_forward(model, np.array([10]))
+  optim = ml_collections.ConfigDict({'weight_decay': 0.0, 'b1': 0.9, 'b2': 0.999, 'eps': 1e-8})
+  tx = make_optimizer(optim)
+
+  def step(params, opt, backbone, images, labels):
+    loss, grads = jax.value_and_grad(
+        lambda p: many_model.cross_entropy(forward(backbone, p, images, 0), labels))(params)
+    return _sgd_step(tx, 1e-3, grads, opt, params, None) + (loss,)
+
+  fn = jax.jit(step, donate_argnums=(0, 1))
+  key = jax.random.PRNGKey(1)
+  images = jax.random.randint(key, (batch, resolution, resolution, 3), 0, 256).astype(jnp.uint8)
+  labels = jax.random.randint(key, (batch,), 0, 10)
+  holder = {'p': trainable, 'o': tx.init(trainable)}
+
+  def run():
+    holder['p'], holder['o'], loss = fn(holder['p'], holder['o'], backbone, images, labels)
+    jax.block_until_ready(loss)
+
+  run()
+  return run, fn
+
+
+def bench_vit_lora(repeats: int = 3) -> dict:
+  run, _ = vit_lora_runner()
+  best = _timeit(run, repeats)
+  return {'step_s': best, 'images_per_s': 32 / best}
+
+
+def bench_many_memory(slots=(1, 6), model: str = 'vit_b32', resolution: int = 224,
+                      batch: int = 32, algorithm: str = 'fedavg') -> dict:
+  """Memory of the many-task round (`fedjax_mtl/manytask`) at MaTU's scale: ViT-B/32
+  at 224, LoRA rank 16 on q/v, batch 32, N = 30 clients, T = 8 tasks (mini8's
+  generators at 224 stand in for the data, a few images per pair), S pairs per
+  round; from XLA's memory analysis of the compiled round (nothing runs). Per S:
+  argument bytes (backbone, state, data), temporaries (the S vmapped training
+  steps), and their sum; `per_slot_bytes` is the growth per extra pair, from
+  the two S values."""
+  from fedjax_mtl.defaults import base_config
+  from fedjax_mtl.manytask import run as many_run
+  out = {'model': model, 'resolution': resolution, 'batch': batch}
+  totals = {}
+  for s in slots:
+    c = base_config('mini8', algorithm)
+    c.batch_size = batch
+    m = c.many
+    m.model, m.resolution, m.lora_rank, m.pretrained = model, resolution, 16, ''
+    m.num_clients, m.zeta_t, m.participation = 30, 0.0, s / 30
+    m.num_train, m.num_test = 2 * batch * 4, 8
+    run = many_run.build(c)
+    state = jax.eval_shape(lambda: many_run.init_state(run))
+    images, labels, _ = many_run._concat(run.data.train)
+    size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    t0 = time.perf_counter()
+    mem = run.round_fn.lower(state, run.backbone, run.setting.schedule[0], images,
+                             labels).compile().memory_analysis()
+    out.update({f's{s}_slots': run.setting.num_slots,
+                f's{s}_backbone_bytes': size(run.backbone),
+                f's{s}_state_bytes': size(state),
+                f's{s}_data_bytes': images.nbytes + labels.nbytes,
+                f's{s}_args_bytes': mem.argument_size_in_bytes,
+                f's{s}_temp_bytes': mem.temp_size_in_bytes,
+                f's{s}_compile_s': time.perf_counter() - t0})
+    totals[run.setting.num_slots] = mem.argument_size_in_bytes + mem.temp_size_in_bytes
+    adapters = sum(int(np.prod(v.shape)) for k, v in run.trainable.items()
+                   if run.roles[k] != 'head')
+    out['adapter_params'] = adapters
+    print(out, flush=True)
+  (s0, t0_), (s1, t1_) = sorted(totals.items())[:2]
+  per = (t1_ - t0_) / (s1 - s0)
+  out['per_slot_bytes'] = per
+  out['fits_16gb_slots'] = int((16e9 - (t0_ - s0 * per)) // per)
+  # N = 30 clients x T = 8 tasks, every pair with its own adapters (MaTU/FedPer-like
+  # per-pair state), float32, next to one backbone.
+  out['pairs_30x8_adapter_bytes'] = 30 * 8 * adapters * 4
+  return out
+
+
 def bench_pipeline(num_chunks: int = 4, batch: int = 8, size: int = 512,
                    workers: int = 2) -> dict:
   """Training input pipeline alone: the engine's chunk source at `size`², all PASCAL tasks.
@@ -906,6 +997,7 @@ SERVE = {
     'swin_t_128': lambda: swin_step_runner(128)[0],
     'swin_t_224': lambda: swin_step_runner(224)[0],
     'hca2': lambda: hca2_runners()['run_donated'],
+    'vit_lora': lambda: vit_lora_runner()[0],
 }
 
 
@@ -921,7 +1013,7 @@ def main(argv=None):
   p.add_argument('--only', default='all',
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
-                          'memory', 'unified_memory', 'all'],
+                          'memory', 'unified_memory', 'many_memory', 'vit_lora', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -993,6 +1085,10 @@ def main(argv=None):
   if a.only == 'memory':  # not in 'all': compiles of Swin-T and ResNet-18 steps at 512x512
     results['memory'] = {f'{e}_{k}': v for e in ('swin_t', 'resnet18')
                          for k, v in bench_swin_memory(encoder=e).items()}
+  if a.only == 'vit_lora':  # not in 'all': a ViT-B/32 step at 224
+    results['vit_lora'] = bench_vit_lora(a.repeats)
+  if a.only == 'many_memory':  # not in 'all': compiles of ViT-B/32 rounds at 224
+    results['many_memory'] = bench_many_memory()
   if a.only == 'unified_memory':  # not in 'all': Swin-T / ResNet-18 rounds at the paper's sizes
     results['unified_memory'] = bench_unified_memory()
   if a.only == 'augment':  # not in 'all': lowers a Swin-T step at 512x512 for its FLOPs
@@ -1000,7 +1096,7 @@ def main(argv=None):
   print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
-               'memory', 'unified_memory'):
+               'memory', 'unified_memory', 'many_memory', 'vit_lora'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

@@ -297,6 +297,89 @@ def bench_swin_step(resolution, batch=8, repeats=3):
           'backbone_params': sum(p.numel() for p in net.backbone.parameters())}
 
 
+# --------------------------------------------------------------------- ViT-B/32 + LoRA step
+
+class LoRALinear(nn.Module):
+  """A frozen Linear plus (alpha / r) B A x, A Kaiming-uniform, B = 0 (peft's LoRA)."""
+
+  def __init__(self, base, rank, alpha):
+    super().__init__()
+    self.base = base
+    self.a = nn.Parameter(torch.empty(rank, base.in_features))
+    nn.init.kaiming_uniform_(self.a, a=5 ** 0.5)
+    self.b = nn.Parameter(torch.zeros(base.out_features, rank))
+    self.scale = alpha / rank
+
+  def forward(self, x):
+    return self.base(x) + self.scale * F.linear(F.linear(x, self.a), self.b)
+
+
+class ViTBlock(nn.Module):
+  """timm's pre-LN block with q, k, v as separate projections (LoRA on q and v)."""
+
+  def __init__(self, dim, heads, mlp, rank):
+    super().__init__()
+    self.heads = heads
+    self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
+    self.q = LoRALinear(nn.Linear(dim, dim), rank, rank)
+    self.k = nn.Linear(dim, dim)
+    self.v = LoRALinear(nn.Linear(dim, dim), rank, rank)
+    self.proj = nn.Linear(dim, dim)
+    self.fc1, self.fc2 = nn.Linear(dim, mlp), nn.Linear(mlp, dim)
+
+  def forward(self, x):
+    b, n, d = x.shape
+    h = self.norm1(x)
+    split = lambda t: t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+    a = F.scaled_dot_product_attention(split(self.q(h)), split(self.k(h)), split(self.v(h)))
+    x = x + self.proj(a.transpose(1, 2).reshape(b, n, d))
+    return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ViTLoRA(nn.Module):
+  """ViT-B/32 at 224 (timm layout) with LoRA rank r on q/v and a linear head on [CLS]."""
+
+  def __init__(self, classes=10, rank=16, dim=768, depth=12, heads=12, mlp=3072, patch=32,
+               size=224):
+    super().__init__()
+    self.patch = nn.Conv2d(3, dim, patch, patch)
+    self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+    self.pos = nn.Parameter(torch.randn(1, 1 + (size // patch) ** 2, dim) * .02)
+    self.blocks = nn.ModuleList(ViTBlock(dim, heads, mlp, rank) for _ in range(depth))
+    self.norm = nn.LayerNorm(dim, eps=1e-6)
+    self.head = nn.Linear(dim, classes)
+
+  def forward(self, x):
+    x = self.patch(x).flatten(2).transpose(1, 2)
+    x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.pos
+    for blk in self.blocks:
+      x = blk(x)
+    return self.head(self.norm(x)[:, 0])
+
+
+def vit_lora_runner(batch=32, size=224):
+  """(run, net): one warmed-up step of LoRA + head training (backbone frozen), AdamW 1e-3."""
+  torch.manual_seed(0)
+  net = ViTLoRA(size=size).train()
+  train = [p for n, p in net.named_parameters() if n.endswith(('.a', '.b')) or
+           n.startswith('head.')]
+  for p in net.parameters():
+    p.requires_grad_(False)
+  for p in train:
+    p.requires_grad_(True)
+  opt = torch.optim.AdamW(train, lr=1e-3, weight_decay=0.)
+  x = torch.randn(batch, 3, size, size)
+  y = torch.randint(0, 10, (batch,))
+
+  def run():
+    opt.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    opt.step()
+
+  run()
+  return run, net
+
+
 # ----------------------------------------------------------------------- FedHCA2 aggregation
 
 def get_ca_delta(flat_deltas, alpha=0.4, rescale=1):
@@ -451,6 +534,7 @@ SERVE = {
     'swin_t_128': lambda: swin_step_runner(128)[0],
     'swin_t_224': lambda: swin_step_runner(224)[0],
     'hca2': lambda: hca2_runner()[0],
+    'vit_lora': lambda: vit_lora_runner()[0],
 }
 
 

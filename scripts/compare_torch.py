@@ -16,8 +16,9 @@ both), the state dict goes through `fedjax_mtl.models.convert`, and the relative
 
     python scripts/compare_torch.py --torch_python=/path/to/torch-env/bin/python --check_swin
 
-Workloads: `swin_t_128`, `swin_t_224` (Swin-T + decoder + head local step, batch 8) and
-`hca2` (FedHCA2 aggregation at the paper's scale); see the two scripts' docstrings.
+Workloads: `swin_t_128`, `swin_t_224` (Swin-T + decoder + head local step, batch 8),
+`hca2` (FedHCA2 aggregation at the paper's scale) and `vit_lora` (ViT-B/32 at 224, LoRA
+rank 16 on q/v + head, batch 32, backbone frozen); see the two scripts' docstrings.
 Extra arguments for the JAX side go after `--jax_args` (e.g. `--no-reuse_host_memory`).
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = ('swin_t_128', 'swin_t_224', 'hca2')
+WORKLOADS = ('swin_t_128', 'swin_t_224', 'hca2', 'vit_lora')
 
 
 def serve(make_run):

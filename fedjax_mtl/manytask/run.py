@@ -215,6 +215,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   _check_workdir(config, workdir)
   os.makedirs(workdir, exist_ok=True)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  timing_path = os.path.join(workdir, 'timing.jsonl')
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
   start = ckpt.latest_round() or 0
   state = init_state(run)
@@ -222,8 +223,12 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     start, state = ckpt.restore_latest(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state))
     report.truncate_jsonl(metrics_path, start)
-  elif os.path.exists(metrics_path):
-    os.remove(metrics_path)
+    if os.path.exists(timing_path):
+      report.truncate_jsonl(timing_path, start)
+  else:  # a fresh start: rows of an attempt that never reached a checkpoint go
+    for path in (metrics_path, timing_path):
+      if os.path.exists(path):
+        os.remove(path)
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   train_images, train_labels, _ = _concat(run.data.train)
   train_images, train_labels = jax.device_put((train_images, train_labels))
@@ -261,9 +266,12 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
       report.append_jsonl(metrics_path, rows)
       if rnd % int(config.checkpoint_every) == 0 or rnd == total:
         ckpt.save(rnd, state)
+      dt = time.perf_counter() - t0
+      # Wall times go to their own file: metrics.jsonl stays identical across resumes.
+      report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt}])
       if config.progress:
         acc = [r['value'] for r in rows if r.get('metric') == 'accuracy']
-        print(f'round {rnd}/{total} {time.perf_counter() - t0:6.2f}s | train loss '
+        print(f'round {rnd}/{total} {dt:6.2f}s | train loss '
               f'{np.mean([r["loss"] for r in rows if r["type"] == "train"]):.4f}'
               + (f' | eval mean accuracy {np.mean(acc):.2f}' if acc else ''), flush=True)
       if stop_after is not None and rnd >= stop_after:
