@@ -320,7 +320,42 @@ def plot_hyperweights(rows: list[dict], out_dir: str) -> list[str]:
           for name, fig in hyperweight_figures(rows).items()]
 
 
+def task_curves_figure(rows: list[dict]) -> Figure | None:
+  """The Figure of a many-task run's `curves.png`: train loss per task (mean over the
+  round's pairs of that task) and test accuracy per task over rounds, one line per
+  task (None without train rows)."""
+  train = [r for r in rows if r.get('type') == 'train']
+  if not train:
+    return None
+  from matplotlib.figure import Figure
+  acc = [r for r in rows if r.get('type') == 'eval' and r.get('metric') == 'accuracy']
+  tasks = list(dict.fromkeys([r['task'] for r in acc] + [r['task'] for r in train]))
+  fig = Figure(figsize=(11, 4.2), layout='constrained')
+  ax_loss, ax_acc = fig.subplots(1, 2)
+  for task, (colour, ls) in zip(tasks, _styles(len(tasks))):
+    by_round = {}
+    for r in train:
+      if r['task'] == task:
+        by_round.setdefault(r['round'], []).append(r['loss'])
+    ax_loss.plot(sorted(by_round), [np.mean(by_round[k]) for k in sorted(by_round)],
+                 color=colour, ls=ls, lw=1.4, label=task)
+    mine = [r for r in acc if r['task'] == task]
+    ax_acc.plot([r['round'] for r in mine], [r['value'] for r in mine], color=colour, ls=ls,
+                lw=1.2, marker='o', ms=3.5)
+  _plain_axes(ax_loss, 'train loss (mean over the task\'s pairs)')
+  _plain_axes(ax_acc, 'test top-1 accuracy % ↑')
+  fig.legend(*ax_loss.get_legend_handles_labels(), loc='outside right upper', fontsize=_FONT,
+             frameon=False)
+  return fig
+
+
 def plot_metric_curves(rows: list[dict], out_dir: str) -> str | None:
   """`curves.png`: per (dataset, task), every client's train loss and test metric over rounds."""
   fig = curves_figure(rows)
+  return None if fig is None else _save(fig, os.path.join(out_dir, 'curves.png'), dpi=110)
+
+
+def plot_task_curves(rows: list[dict], out_dir: str) -> str | None:
+  """A many-task run's `curves.png`: per task, train loss and test accuracy over rounds."""
+  fig = task_curves_figure(rows)
   return None if fig is None else _save(fig, os.path.join(out_dir, 'curves.png'), dpi=110)

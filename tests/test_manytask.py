@@ -161,6 +161,8 @@ def test_run_writes_results_resumes_and_counts_bits(tmp_path):
   assert len(acc) == 4 and all(0 <= r['value'] <= 100 for r in acc)
   table = (part / 'results.md').read_text()
   assert 'digits_perm' in table and 'bits/task' in table
+  assert (part / 'curves.png').stat().st_size > 0
+  assert [json.loads(line)['round'] for line in open(part / 'timing.jsonl')] == [1, 2]
 
 
 def test_individual_reference_gives_normalised_accuracy(tmp_path):

@@ -5,7 +5,8 @@
     for each round: the round's pairs train and aggregate (one jitted call)
                     -> evaluation every `eval_every` rounds -> metrics.jsonl, checkpoint
     -> results.md / results.csv: per-task top-1 accuracy, the mean, bits per task,
-       and accuracy normalised by an Individual run (`many.individual_reference`)
+       and accuracy normalised by an Individual run (`many.individual_reference`);
+       curves.png: per task, train loss and test accuracy over rounds
 
 Algorithms: those whose server gives every row of a shared role the same value
 (`SUPPORTED`: FedAvg, FedProx, FedPer, and Local, which with one client per
@@ -281,6 +282,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   rows = report.read_jsonl(metrics_path)
   final = [r for r in rows if r['type'] == 'eval' and r['round'] == total]
   mean_bits = float(np.mean([r['bits_per_task'] for r in rows if r['type'] == 'agg']))
+  report.plot_task_curves(rows, workdir)
   md, csv = results(run, final, mean_bits)
   report.atomic_write(os.path.join(workdir, 'results.md'), md)
   report.atomic_write(os.path.join(workdir, 'results.csv'), csv)
