@@ -134,3 +134,33 @@ LOSSES: dict[str, Callable] = {
 def task_loss(task: str, out: jax.Array, labels: jax.Array, channels: int) -> jax.Array:
   """Unweighted loss of `task` on the first `channels` head outputs."""
   return LOSSES[task](out[..., :channels], labels)
+
+
+# ----------------------------------------------------------------------------
+# Classification benchmarks of the many-task setting (fedjax_mtl/manytask).
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationTask:
+  """One classification task: cross-entropy on a linear head over the [CLS]
+  feature (or a frozen zero-shot head), top-1 accuracy (higher is better);
+  results also report it normalised by an Individual run and the mean over tasks."""
+  benchmark: str
+  name: str
+  num_classes: int
+  loss: str = 'cross_entropy'
+  metric: str = 'accuracy'
+
+
+def classification_tasks(benchmark: str) -> tuple[ClassificationTask, ...]:
+  """The tasks of a classification benchmark, in its order: `mini8` (offline,
+  `data/mini8.py`) or `tfds8` (the 8-task benchmark read from TFDS, `data/tfds_tasks.py`)."""
+  check_choice('many.benchmark', benchmark, CLASSIFICATION_BENCHMARKS)
+  if benchmark == 'mini8':
+    from fedjax_mtl.data import mini8 as source
+  else:
+    from fedjax_mtl.data import tfds_tasks as source
+  return tuple(ClassificationTask(benchmark, t, source.num_classes(t)) for t in source.TASKS)
+
+
+CLASSIFICATION_BENCHMARKS = ('mini8', 'tfds8')

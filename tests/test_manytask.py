@@ -218,3 +218,15 @@ def test_backbone_of_another_model_is_refused(tmp_path):
   with pytest.raises(ConfigError, match='does not fit model') as e:
     run_lib.build(tiny(**{'many.pretrained': str(path)}))
   assert '\n' not in str(e.value)
+
+
+def test_classification_tasks_in_the_task_registry():
+  from fedjax_mtl import tasks
+  mini = tasks.classification_tasks('mini8')
+  from fedjax_mtl.data import mini8
+  assert [t.name for t in mini] == list(mini8.TASKS)
+  assert [t.num_classes for t in tasks.classification_tasks('tfds8')] == [397, 196, 45, 10, 10,
+                                                                          43, 10, 47]
+  assert {(t.loss, t.metric) for t in mini} == {('cross_entropy', 'accuracy')}
+  with pytest.raises(ConfigError, match="valid choices: 'mini8', 'tfds8'"):
+    tasks.classification_tasks('imagenet')

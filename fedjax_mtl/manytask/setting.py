@@ -16,10 +16,11 @@ import dataclasses
 import ml_collections
 import numpy as np
 
+from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.data import many_task, mini8
 from fedjax_mtl.errors import ConfigError, check_choice
 
-BENCHMARKS = ('mini8', 'tfds8')
+BENCHMARKS = tasks_lib.CLASSIFICATION_BENCHMARKS
 CLASS_SPLITS = ('dirichlet', 'iid')
 
 
@@ -52,12 +53,8 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def benchmark_tasks(benchmark: str) -> tuple[str, ...]:
-  """The tasks of a benchmark, in its order."""
-  check_choice('many.benchmark', benchmark, BENCHMARKS)
-  if benchmark == 'mini8':
-    return mini8.TASKS
-  from fedjax_mtl.data import tfds_tasks
-  return tfds_tasks.TASKS
+  """The tasks of a benchmark, in its order (`tasks.classification_tasks`)."""
+  return tuple(t.name for t in tasks_lib.classification_tasks(benchmark))
 
 
 def selected_tasks(cfg) -> tuple[str, ...]:
@@ -72,10 +69,7 @@ def selected_tasks(cfg) -> tuple[str, ...]:
 
 
 def num_classes(benchmark: str, task: str) -> int:
-  if benchmark == 'mini8':
-    return mini8.num_classes(task)
-  from fedjax_mtl.data import tfds_tasks
-  return tfds_tasks.num_classes(task)
+  return {t.name: t.num_classes for t in tasks_lib.classification_tasks(benchmark)}[task]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
