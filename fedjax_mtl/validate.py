@@ -273,6 +273,8 @@ MANY_TASK_FIELDS = {
                                     at_least(0)),
     'many.data_dir': Field("many_task tfds8: TFDS data dir ('' = $TFDS_DATA_DIR or "
                                     '~/tensorflow_datasets)'),
+    'many.heads': Field("many_task: '' (a trained linear head per task) or the .npz of "
+                        'scripts/zeroshot_heads.py (frozen zero-shot heads, CLIP towers)'),
     'many.pretrained': Field("many_task: backbone: 'warmup' (mini8's cached warm-up), "
                                       "a .npz from scripts/convert_vit.py, or '' (random)"),
     'many.warmup_steps': Field('many_task: steps of the warm-up', at_least(1)),

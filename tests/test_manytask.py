@@ -230,3 +230,41 @@ def test_classification_tasks_in_the_task_registry():
   assert {(t.loss, t.metric) for t in mini} == {('cross_entropy', 'accuracy')}
   with pytest.raises(ConfigError, match="valid choices: 'mini8', 'tfds8'"):
     tasks.classification_tasks('imagenet')
+
+
+def test_frozen_zero_shot_heads(tmp_path):
+  """A CLIP tower with the frozen heads of scripts/zeroshot_heads.py: nothing but the
+  adapters trains or is uploaded, and at round 0 (B = 0) the evaluation is the
+  zero-shot classifier of the frozen model, exp(scale) * normalize(emb) @ W."""
+  from fedjax_mtl.manytask.run import _concat, init_state
+  from fedjax_mtl.data import image_preprocess
+  from fedjax_mtl.models import zeroshot
+  tasks = ('digits', 'shapes')
+  rng = np.random.default_rng(0)
+  heads = {'digits': rng.standard_normal((16, 10)), 'shapes': rng.standard_normal((16, 6)),
+           'colors': rng.standard_normal((16, 8))}
+  path = str(tmp_path / 'heads.npz')
+  zeroshot.save_heads(path, heads, logit_scale=np.log(50.))
+  cfg = tiny(**{'many.tasks': ','.join(tasks), 'many.model': 'clip_tiny_test',
+                'many.resolution': 32, 'many.heads': path})
+  run = run_lib.build(cfg)
+  assert set(run.roles.values()) == {'encoder', 'decoder'}  # no head parameters
+  state = init_state(run)
+  test = jax.device_put(_concat(run.data.test))
+  right, _ = run.eval_fn(state, run.backbone, jnp.asarray(run.eval_pairs), *test)
+  params = model_lib.merge(run.backbone, run.trainable)
+  for t, task in enumerate(tasks):
+    images, labels = run.data.test[t]
+    emb, _ = run.model.apply({'params': params}, image_preprocess.normalize(images, 'clip'))
+    emb = np.asarray(emb, np.float64)
+    logits = 50. * (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ heads[task]
+    want = int(np.sum(np.argmax(logits, 1) == labels))
+    got = np.asarray(right)[run.setting.pairs[run.eval_pairs, 1] == t]
+    assert got.tolist() == [want] * len(got)
+  _, out = _round1(run)
+  assert np.isfinite(out['loss']).all()
+  with pytest.raises(ConfigError, match='needs a CLIP tower'):
+    run_lib.build(override(cfg.copy_and_resolve_references(), **{'many.model': 'vit_micro'}))
+  zeroshot.save_heads(path, {'digits': heads['digits']}, logit_scale=0.)
+  with pytest.raises(ConfigError, match="no head for shapes"):
+    run_lib.build(cfg)

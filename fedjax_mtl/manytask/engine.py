@@ -118,15 +118,17 @@ def _finite(tree: dict, n: int) -> jax.Array:
 
 
 def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
-               lr: float, batch_size: int, local_epochs: int, local_steps: int):
+               lr: float, batch_size: int, local_epochs: int, local_steps: int,
+               heads: np.ndarray | None = None):
   """Jitted `(state, backbone, slots [S], images, labels) -> (state, outputs)`.
 
   `images` uint8 [n, R, R, 3] / `labels` int32 [n]: every task's training set
   concatenated (`setting.train_offsets`); `slots`: the round's pair ids. The
   state is donated. Outputs: per slot 'loss', 'steps', 'finite' (loss and
-  trained params), 'agg_finite' and the server's logs.
+  trained params), 'agg_finite' and the server's logs. `heads`: frozen zero-shot
+  heads (`model_lib.make_forward`).
   """
-  forward = model_lib.make_forward(model, np.asarray(setting.num_classes))
+  forward = model_lib.make_forward(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
   pair_counts = jnp.asarray(setting.pair_counts)
   table = jnp.asarray(setting.index_table)
@@ -217,11 +219,12 @@ def eval_models(setting: Setting, where: dict) -> np.ndarray:
                    for t in range(setting.num_tasks)], np.int32)
 
 
-def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int):
+def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
+              heads: np.ndarray | None = None):
   """Jitted `(state, backbone, pairs [E], images, labels, offsets) -> (correct [E], loss [E])`:
   each pair's model (global + its task's head, or its own rows) on its task's test
   split (`images`/`labels` concatenated over tasks, task t from `offsets[t]`)."""
-  forward = model_lib.make_forward(model, np.asarray(setting.num_classes))
+  forward = model_lib.make_forward(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
   counts = jnp.asarray(test_counts, jnp.int32)
   num_batches = max(1, math.ceil(int(np.max(test_counts)) / batch))

@@ -10,7 +10,10 @@ FedAvg/FedProx (`encoder` and `decoder` shared) average every adapter, FedPer
 (MaTU spec §3) with each (client, task) pair, Local keeps everything.
 
 Every task's head has `max_classes` outputs; a task with C classes masks the
-logits of the others (they get -1e9), so all pairs share one head shape.
+logits of the others (they get -1e9), so all pairs share one head shape. With
+`many.heads` (a CLIP tower and the `.npz` of `scripts/zeroshot_heads.py`), each
+task's head is instead its frozen zero-shot classifier on the normalised
+embedding (NTKFedAvg spec §1.3): not a parameter, never trained or uploaded.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl.data import image_preprocess
-from fedjax_mtl.models import vit
+from fedjax_mtl.models import vit, zeroshot
 
 PyTree = Any
 _BLOCK = re.compile(r'(?:encoderblock|resblocks)_(\d+)')
@@ -31,9 +34,11 @@ MASKED_LOGIT = -1e9
 
 
 def make_model(cfg, max_classes: int):
-  """The ViT `many.model` at `many.resolution` with LoRA on q/v and a `max_classes` head."""
+  """The ViT `many.model` at `many.resolution` with LoRA on q/v and a `max_classes`
+  head, or no head when `many.heads` names frozen zero-shot heads."""
   alpha = float(cfg.lora_alpha) or None
-  return vit.get_model(cfg.model, image_size=int(cfg.resolution), num_classes=max_classes,
+  return vit.get_model(cfg.model, image_size=int(cfg.resolution),
+                       num_classes=None if cfg.get('heads', '') else max_classes,
                        lora_rank=int(cfg.lora_rank), lora_alpha=alpha,
                        lora_seed=int(cfg.lora_seed))
 
@@ -72,15 +77,19 @@ def checkpoint_norm(model) -> str:
   return 'clip' if isinstance(model, vit.CLIPVisionTower) else 'augreg'
 
 
-def make_forward(model, class_counts: np.ndarray):
+def make_forward(model, class_counts: np.ndarray, heads: np.ndarray | None = None):
   """`forward(backbone, trainable, images uint8 [B, R, R, 3], task) -> logits [B, C_max]`
-  with the logits past task `task`'s class count masked."""
+  with the logits past task `task`'s class count masked. `heads` [T, E, C_max]:
+  frozen zero-shot heads (already scaled by exp(logit_scale)) on the normalised
+  embedding instead of the model's trained head."""
   counts = jnp.asarray(class_counts, jnp.int32)
   norm = checkpoint_norm(model)
 
   def forward(backbone, trainable, images, task):
     x = image_preprocess.normalize(images, norm)
-    _, logits = model.apply({'params': merge(backbone, trainable)}, x)
+    features, logits = model.apply({'params': merge(backbone, trainable)}, x)
+    if heads is not None:
+      logits = zeroshot.zeroshot_logits(features, jnp.asarray(heads)[task])
     keep = jnp.arange(logits.shape[-1]) < counts[task]
     return jnp.where(keep, logits.astype(jnp.float32), MASKED_LOGIT)
 

@@ -69,6 +69,13 @@ def check(config) -> None:
   if cfg.pretrained not in ('', 'warmup') and not os.path.isfile(cfg.pretrained):
     raise ConfigError(f'many.pretrained={cfg.pretrained!r} is not a file; convert a '
                       "checkpoint with scripts/convert_vit.py, or use 'warmup' or ''")
+  if cfg.heads and not os.path.isfile(cfg.heads):
+    raise ConfigError(f'many.heads={cfg.heads!r} is not a file; make the zero-shot heads with '
+                      "scripts/zeroshot_heads.py, or use '' for trained linear heads")
+  if cfg.heads and not cfg.model.startswith('clip'):
+    raise ConfigError(f'many.heads (zero-shot heads) needs a CLIP tower; many.model='
+                      f'{cfg.model!r}; valid choices: '
+                      + ', '.join(repr(m) for m in vit.MODELS if m.startswith('clip')))
   ref = cfg.individual_reference
   if ref and not os.path.isfile(os.path.join(ref, 'results.csv')):
     raise ConfigError(f'many.individual_reference {ref!r} holds no results.csv; give the '
@@ -118,18 +125,34 @@ def build(config) -> Run:
   backbone, trainable = model_lib.split(params)
   backbone = pretrain.load_backbone(cfg, backbone)
   roles = model_lib.roles(trainable)
+  heads = zeroshot_heads(cfg, setting, model) if cfg.heads else None
   alg = algorithms.get_algorithm(config.algorithm, slot_info(setting, config), config)
   where = engine.storage(alg, roles)
   steps = int(cfg.local_steps)
   round_fn = engine.make_round(setting, model, alg, make_optimizer(config.optim), roles, where,
                                lr=float(config.optim.lr), batch_size=int(config.batch_size),
                                local_epochs=0 if steps else int(cfg.local_epochs),
-                               local_steps=steps)
+                               local_steps=steps, heads=heads)
   test_counts = np.array([len(lab) for _, lab in data.test])
-  eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size))
+  eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
              trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
              eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where))
+
+
+def zeroshot_heads(cfg, setting: setting_lib.Setting, model) -> np.ndarray:
+  """[T, E, C_max] frozen heads of `many.heads`, scaled by exp(logit_scale), zero-padded."""
+  from fedjax_mtl.models import zeroshot
+  heads = zeroshot.load_heads(cfg.heads, setting.tasks, scaled=True)
+  out = np.zeros((setting.num_tasks, model.output_dim, setting.max_classes), np.float32)
+  for t, task in enumerate(setting.tasks):
+    w = heads[task]
+    if w.shape != (model.output_dim, setting.num_classes[t]):
+      raise ConfigError(f'zero-shot head {task!r} in {cfg.heads} has shape {w.shape}; model '
+                        f'{cfg.model!r} and the task need ({model.output_dim}, '
+                        f'{setting.num_classes[t]})')
+    out[t, :, :w.shape[1]] = w
+  return out
 
 
 def init_state(run: Run) -> engine.ManyState:

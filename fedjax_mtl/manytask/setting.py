@@ -44,6 +44,9 @@ def default_config() -> ml_collections.ConfigDict:
       'num_train': 0,  # per task (0 = the whole split)
       'num_test': 0,
       'data_dir': '',  # tfds8: the TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)
+      # '' = a trained linear head per task; a .npz of scripts/zeroshot_heads.py = frozen
+      # zero-shot heads (CLIP towers; NTKFedAvg's CLIP benchmark)
+      'heads': '',
       'pretrained': 'warmup',  # 'warmup' (mini8), a backbone .npz, or '' (random init)
       'warmup_steps': 1000,
       'warmup_seed': 0,
