@@ -2,14 +2,17 @@
 
 Variants as every algorithm config: `configs/matfl.py` (synthetic benchmark),
 `configs/matfl.py:smoke` (seconds per round), `configs/matfl.py:paper,scenario=...`
-(the paper's setting on real PASCAL-Context / NYUD-v2).
+(the paper's setting on real PASCAL-Context / NYUD-v2), `configs/matfl.py:mini8` (the
+many-task setting: the round's (client, task) pairs grouped, 3 clusters).
 """
 
 from fedjax_mtl.algorithms.matfl import default_config
-from fedjax_mtl.defaults import base_config
+from fedjax_mtl.defaults import base_config, parse_arg
 
 
 def get_config(arg=None):
   c = base_config(arg, algorithm='matfl')
   c.matfl = default_config()
+  if parse_arg(arg)[0] == 'mini8':  # the many-task setting: 3 clusters for 8 tasks (spec matu §4)
+    c.matfl.num_clusters = 3
   return c

@@ -191,7 +191,7 @@ def test_warmup_backbone_is_cached_and_reused(tmp_path):
 
 
 @pytest.mark.parametrize('over,message', [
-    ({'algorithm': 'hca2'}, "valid choices: 'fedavg', 'fedprox', 'fedper', 'local'"),
+    ({'algorithm': 'hca2'}, "valid choices: 'fedavg', 'fedprox', 'fedper', 'local', 'matfl'"),
     ({'many.tasks': 'digits,mnist'}, "many.tasks entry 'mnist'"),
     ({'many.zeta_t': -1.0}, 'many.zeta_t'),
     ({'many.participation': 0.0}, 'many.participation'),
@@ -268,3 +268,48 @@ def test_frozen_zero_shot_heads(tmp_path):
   zeroshot.save_heads(path, {'digits': heads['digits']}, logit_scale=0.)
   with pytest.raises(ConfigError, match="no head for shapes"):
     run_lib.build(cfg)
+
+
+@pytest.mark.parametrize('mode', ['hard', 'soft'])
+def test_matfl_grouping_ignores_padding_rows(mode):
+  """MaT-FL's grouping with invalid rows = the grouping of the valid rows alone;
+  an invalid row keeps itself and joins no group."""
+  from fedjax_mtl.algorithms import matfl_math as mm
+  rng = np.random.default_rng(3)
+  rows = {'a': jnp.asarray(rng.standard_normal((7, 5, 3)), jnp.float32),
+          'b': jnp.asarray(rng.standard_normal((7, 4)), jnp.float32)}
+  valid = np.array([1, 1, 0, 1, 1, 0, 1], bool)
+  w, aux = mm.group_weights(rows, mode, 2, 0.0, jnp.asarray(valid))
+  sub = jax.tree.map(lambda x: x[valid], rows)
+  w_sub, aux_sub = mm.group_weights(sub, mode, 2, 0.0)
+  np.testing.assert_allclose(np.asarray(w)[np.ix_(valid, valid)], w_sub, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(w)[~valid], np.eye(7)[~valid])
+  np.testing.assert_array_equal(np.asarray(w)[np.ix_(valid, ~valid)], 0.)
+  labels = np.asarray(aux['labels'])
+  assert (labels[~valid] == -1).all()
+  np.testing.assert_array_equal(labels[valid], aux_sub['labels'])
+
+
+def test_matfl_round_groups_the_pairs_of_the_local_round():
+  """MaT-FL in the many-task round: every leaf per pair; each real slot's adapters
+  become its group's mix of the slots' trained adapters (those of the Local round
+  from the same start), the padding slot joins no group."""
+  from fedjax_mtl.algorithms import matfl, matfl_math as mm
+  cfg = tiny('matfl')
+  cfg.matfl = matfl.default_config()
+  run = run_lib.build(cfg)
+  assert set(run.where.values()) == {'pair'}
+  st = run.setting
+  slots = st.schedule[0]
+  real = slots < st.num_pairs
+  assert not real.all()  # the test needs a padding slot
+  loc, _ = _round1(run_lib.build(tiny('local')))
+  grouped, out = _round1(run)
+  enc = [k for k, r in run.roles.items() if r == 'encoder']
+  trained = {k: jnp.asarray(np.asarray(loc.pair_rows[k])[slots]) for k in enc}
+  w, _ = mm.group_weights(trained, 'hard', 2, 0.0, jnp.asarray(real))
+  mixed = mm.mix(w, trained)
+  for k in enc:
+    np.testing.assert_allclose(np.asarray(grouped.pair_rows[k])[slots[real]],
+                               np.asarray(mixed[k])[real], rtol=1e-5, atol=1e-6)
+  assert np.asarray(out['agg']['matfl_encoder_labels'])[~real].tolist() == [-1] * (~real).sum()

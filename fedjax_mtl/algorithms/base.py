@@ -77,6 +77,9 @@ class ServerInputs(NamedTuple):
   # step before the end); FedGA's generalisation gaps read them.
   first_loss: jax.Array | None = None
   last_loss: jax.Array | None = None
+  # [N] bool: rows that hold a real upload this round (None: all of them). The
+  # many-task round pads its slots; a padding row trained nothing.
+  row_valid: jax.Array | None = None
 
 
 class ServerState(NamedTuple):
@@ -318,10 +321,10 @@ def num_rows(stacked: PyTree) -> int:
   return sizes.pop()
 
 
-def deviation_gram(stacked: PyTree) -> jax.Array:
-  """Gram matrix [N, N] of the flattened rows' deviations from their mean, accumulated
-  leaf by leaf in column chunks (no [N, D] copy, no leaf-sized temporary); exactly
-  symmetric."""
+def deviation_gram(stacked: PyTree, valid: jax.Array | None = None) -> jax.Array:
+  """Gram matrix [N, N] of the flattened rows' deviations from their mean (over the
+  `valid` rows only, when given), accumulated leaf by leaf in column chunks (no
+  [N, D] copy, no leaf-sized temporary); exactly symmetric."""
   from fedjax_mtl.algorithms import hca2_math  # the chunked Gram pass lives there
   num_rows(stacked)
-  return hca2_math.deviation_gram(stacked)
+  return hca2_math.deviation_gram(stacked, valid)

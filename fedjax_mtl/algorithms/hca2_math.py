@@ -201,16 +201,21 @@ def delta_gram(
   return g[:r, :r], (None if probe is None else g[r, :r])
 
 
-def deviation_gram(stacked: PyTree) -> jax.Array:
+def deviation_gram(stacked: PyTree, valid: jax.Array | None = None) -> jax.Array:
   """Gram matrix [N, N] of the flattened rows' deviations from their mean, in one
   chunked read pass (the deviations are formed per cache-sized chunk, never at full
-  size); exactly symmetric."""
+  size); exactly symmetric. With `valid` [N] bool the mean is over the valid rows
+  (entries of invalid rows are then meaningless); row 0 must be valid."""
   n = _leaves(stacked)[0].shape[0]
   # Δ = w - w_0 first (exact for close rows, Sterbenz), then the centring matrix
   # C = I - 11ᵀ/N as the row mix: C(w - 1w_0ᵀ) = Cw, with rounding that scales
   # with the deviations, not with |w|. The broadcast row is fused into the pass.
   row0 = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x[:1], x.shape), stacked)
-  centre = jnp.eye(n, dtype=jnp.float32) - 1.0 / n
+  if valid is None:
+    centre = jnp.eye(n, dtype=jnp.float32) - 1.0 / n
+  else:
+    v = jnp.asarray(valid, jnp.float32)
+    centre = jnp.eye(n, dtype=jnp.float32) - v[None, :] / jnp.maximum(jnp.sum(v), 1.)
   g = delta_gram(stacked, row0, mix=centre)[0]
   return 0.5 * (g + g.T)
 

@@ -8,6 +8,7 @@ group; `soft` = rows of max(cos + th, 0), normalised. Both are the released
 code's `dg_utils` options (spec matu.md §3). Batch-norm statistics stay local.
 """
 
+import jax.numpy as jnp
 import ml_collections
 
 from fedjax_mtl.algorithms import matfl_math as mm
@@ -20,12 +21,14 @@ def default_config() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({'mode': 'hard', 'num_clusters': 2, 'th': 0.0})
 
 
-def grouping(mode: str, num_clusters: int, th: float) -> Server:
-  """Every row of every role it gets becomes its group's weighted mean."""
+def grouping(mode: str, num_clusters: int, th: float, info: FedInfo) -> Server:
+  """Every row of every role it gets becomes its group's weighted mean (rows marked
+  invalid in `ServerInputs.row_valid`, padding, keep their upload and join no group)."""
   def apply(state, x: ServerInputs):
     out, logs = {}, {}
     for role, local in x.local.items():
-      w, aux = mm.group_weights(local, mode, num_clusters, th)
+      valid = None if x.row_valid is None else x.row_valid[jnp.asarray(info.row_client(role))]
+      w, aux = mm.group_weights(local, mode, num_clusters, th, valid)
       out[role] = mm.mix(w, local)
       logs.update({f'matfl_{role}_weights': w, f'matfl_{role}_labels': aux['labels']})
     return out, state, logs
@@ -41,5 +44,5 @@ def build(info: FedInfo, config=None) -> Algorithm:
     raise ConfigError(f'matfl.num_clusters={cfg.num_clusters} is out of range; valid range: '
                       f'1 <= num_clusters <= number of clients ({info.num_clients})')
   return Algorithm(name='matfl', client=Client(),
-                   server=grouping(cfg.mode, int(cfg.num_clusters), float(cfg.th)),
+                   server=grouping(cfg.mode, int(cfg.num_clusters), float(cfg.th), info),
                    roles={'encoder': 'shared', 'decoder': 'personal', 'head': 'personal'})

@@ -55,7 +55,8 @@ def cosine_from_gram(g: jax.Array) -> jax.Array:
   return jnp.where(jnp.eye(g.shape[0], dtype=bool), 1.0, cos)
 
 
-def agglomerative_average(dist: jax.Array, num_clusters: int) -> jax.Array:
+def agglomerative_average(dist: jax.Array, num_clusters: int,
+                          valid: jax.Array | None = None) -> jax.Array:
   """Average-linkage agglomerative clustering of a precomputed [N, N] distance matrix: labels [N] int32.
 
   Merges the closest pair of active clusters N - K times (ties: the smallest
@@ -66,6 +67,8 @@ def agglomerative_average(dist: jax.Array, num_clusters: int) -> jax.Array:
   clusters (average linkage is monotone, so merge order = height order).
   Labels are canonical: client 0's cluster is 0, the next cluster by first
   client index is 1, and so on. ``num_clusters`` must be a static int.
+  With ``valid`` [N] bool only the valid rows are clustered (V of them, V - K
+  merges, none when V <= K) and the invalid rows get label -1.
   """
   dist = jnp.asarray(dist, jnp.float32)
   n = dist.shape[0]
@@ -96,12 +99,19 @@ def agglomerative_average(dist: jax.Array, num_clusters: int) -> jax.Array:
     rep = jnp.where(rep == j, i, rep)
     return d, size, active, rep
 
-  state = (d0, jnp.ones((n,), jnp.float32), jnp.ones((n,), bool), idx)
-  _, _, active, rep = jax.lax.fori_loop(0, n - k, merge, state)
+  if valid is None:
+    state = (d0, jnp.ones((n,), jnp.float32), jnp.ones((n,), bool), idx)
+    _, _, active, rep = jax.lax.fori_loop(0, n - k, merge, state)
+  else:
+    valid = jnp.asarray(valid, bool)
+    merges = jnp.maximum(jnp.sum(valid.astype(jnp.int32)) - k, 0)
+    state = (d0, jnp.ones((n,), jnp.float32), valid, idx)
+    _, _, active, rep = jax.lax.fori_loop(0, merges, merge, state)
   # A representative is its cluster's first client, so the canonical label is
   # the number of active representatives before it.
   rank = jnp.cumsum(active.astype(jnp.int32)) - 1
-  return rank[rep].astype(jnp.int32)
+  labels = rank[rep].astype(jnp.int32)
+  return labels if valid is None else jnp.where(valid, labels, -1)
 
 
 def hard_group_weights(labels: jax.Array) -> jax.Array:
@@ -118,7 +128,8 @@ def soft_group_weights(cos: jax.Array, th: float | jax.Array = 0.0) -> jax.Array
 
 
 def group_weights(
-    stacked: PyTree, mode: str, num_clusters: int = 2, th: float | jax.Array = 0.0
+    stacked: PyTree, mode: str, num_clusters: int = 2, th: float | jax.Array = 0.0,
+    valid: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """MaT-FL grouping weights W [N, N] and aux {'cos': [N, N], 'labels': [N] int32}.
 
@@ -126,7 +137,11 @@ def group_weights(
   may be traced; ``num_clusters`` is checked (1 <= K <= N) in hard mode only.
   Hard mode's labels are the canonical cluster labels; soft mode
   has no partition, so its labels are all zeros (one soft group).
+  ``valid`` [N] bool (row 0 valid): the grouping of the valid rows alone (their
+  mean, their clusters), each invalid row keeping itself (W_ii = 1, label -1).
   """
+  if valid is not None:
+    return _valid_group_weights(stacked, mode, num_clusters, th, jnp.asarray(valid, bool))
   if mode not in MODES:
     raise ValueError(f'group_weights: mode must be one of {MODES}, got {mode!r}')
   n = num_rows(stacked)
@@ -140,6 +155,25 @@ def group_weights(
     labels = jnp.zeros((n,), jnp.int32)
     weights = soft_group_weights(cos, th)
   return weights, {'cos': cos, 'labels': labels}
+
+
+def _valid_group_weights(stacked, mode, num_clusters, th, valid):
+  n = num_rows(stacked)
+  if mode not in MODES:
+    raise ValueError(f'group_weights: mode must be one of {MODES}, got {mode!r}')
+  if mode == 'hard' and not 1 <= int(num_clusters) <= n:
+    raise ValueError(f'group_weights: num_clusters must be in [1, {n}] (N clients), got {num_clusters}')
+  pair = valid[:, None] & valid[None, :]
+  cos = jnp.where(pair, cosine_from_gram(deviation_gram(stacked, valid)), 0.0)
+  eye = jnp.eye(n, dtype=bool)
+  if mode == 'hard':
+    labels = agglomerative_average(1.0 - cos, num_clusters, valid)
+    same = (labels[:, None] == labels[None, :]) & pair
+  else:
+    labels = jnp.where(valid, 0, -1).astype(jnp.int32)
+    same = jnp.where(pair, jnp.maximum(cos + th, 0.0), 0.0)
+  s = jnp.where(valid[:, None], same.astype(jnp.float32), eye.astype(jnp.float32))
+  return s / jnp.sum(s, axis=1, keepdims=True), {'cos': cos, 'labels': labels}
 
 
 # new_i = Σ_j W_ij w_j per leaf, each leaf keeping its dtype (one [N, N] x [N, d]

@@ -8,7 +8,8 @@
   §7 item 7: heads are averaged per task over the pairs that trained it,
   weighted by their examples);
 - `pair`: one row per (client, task) pair plus a dummy row, the personal
-  leaves (FedPer's last block and head, Local's everything).
+  leaves (FedPer's last block and head, Local's everything) and the shared ones
+  of a server that gives each row its own value (MaT-FL's groups).
 The frozen backbone is an argument of the programs, one copy, never per pair.
 
 **Round** (`make_round`): the round's S slots (pair ids, padded with the dummy
@@ -57,14 +58,16 @@ class ManyState:
   server: PyTree = ()
 
 
-def storage(alg: Algorithm, roles: dict) -> dict:
-  """path -> 'global' | 'task' | 'pair' (module docstring)."""
+def storage(alg: Algorithm, roles: dict, uniform: bool = True) -> dict:
+  """path -> 'global' | 'task' | 'pair' (module docstring). `uniform=False`: the
+  server gives each row of a shared role its own value (MaT-FL's groups), so
+  those leaves are kept per pair too."""
   adapters_shared = alg.roles.get('decoder') == 'shared'
 
   def one(role):
     if role == 'head':
       return 'task' if adapters_shared or alg.roles.get('head') == 'shared' else 'pair'
-    return 'global' if alg.roles.get(role) == 'shared' else 'pair'
+    return 'global' if uniform and alg.roles.get(role) == 'shared' else 'pair'
 
   return {k: one(r) for k, r in roles.items()}
 
@@ -181,7 +184,8 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
     x = ServerInputs(prev={r: role_view(full_start, roles, r) for r in shared},
                      local={r: role_view(uploads, roles, r) for r in shared},
                      num_examples=counts.astype(jnp.float32), num_steps=steps.astype(jnp.int32),
-                     client_ids=jnp.arange(s, dtype=jnp.int32), round=state.round)
+                     client_ids=jnp.arange(s, dtype=jnp.int32), round=state.round,
+                     row_valid=counts > 0)
     new, sstate, logs = alg.server.apply(ServerState(state.server, {}), x)
     new_flat = {k: v for r in shared for k, v in (new[r] or {}).items()}
     new_shared = {k: new_flat[k][0] for k in state.shared}
@@ -195,7 +199,8 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
       return jnp.where(has.reshape((-1,) + (1,) * (old.ndim - 1)), mean, old)
 
     new_task = {k: task_mean(v, trained[k]) for k, v in state.task_rows.items()}
-    new_pair = {k: v.at[slots].set(trained[k]) for k, v in state.pair_rows.items()}
+    new_pair = {k: v.at[slots].set(new_flat.get(k, trained[k]))
+                for k, v in state.pair_rows.items()}
     new_state = state.replace(round=state.round + 1, shared=new_shared, task_rows=new_task,
                               pair_rows=new_pair, server=sstate.shared)
     real = counts > 0

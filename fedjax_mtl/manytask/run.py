@@ -8,9 +8,10 @@
        and accuracy normalised by an Individual run (`many.individual_reference`);
        curves.png: per task, train loss and test accuracy over rounds
 
-Algorithms: those whose server gives every row of a shared role the same value
-(`SUPPORTED`: FedAvg, FedProx, FedPer, and Local, which with one client per
-task holding all of it is the "Individual" baseline). FedAvg-family means weigh
+Algorithms (`SUPPORTED`): FedAvg, FedProx, FedPer, MaT-FL (its groups mix the
+round's pairs; each pair keeps its grouped adapters; padding slots join no
+group) and Local, which with one client per task holding all of it is the
+"Individual" baseline. FedAvg-family means weigh
 each (client, task) pair by its examples (`fedavg.weighting='examples'`,
 spec matu §3), which also gives the padding slots weight 0.
 
@@ -42,7 +43,8 @@ from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask import setting as setting_lib
 from fedjax_mtl.models import vit
 
-SUPPORTED = ('fedavg', 'fedprox', 'fedper', 'local')
+# algorithm -> whether its server gives every row of a shared role the same value
+SUPPORTED = {'fedavg': True, 'fedprox': True, 'fedper': True, 'local': True, 'matfl': False}
 
 
 def check(config) -> None:
@@ -127,7 +129,7 @@ def build(config) -> Run:
   roles = model_lib.roles(trainable)
   heads = zeroshot_heads(cfg, setting, model) if cfg.heads else None
   alg = algorithms.get_algorithm(config.algorithm, slot_info(setting, config), config)
-  where = engine.storage(alg, roles)
+  where = engine.storage(alg, roles, SUPPORTED[algorithms.parse(config.algorithm)[-1]])
   steps = int(cfg.local_steps)
   round_fn = engine.make_round(setting, model, alg, make_optimizer(config.optim), roles, where,
                                lr=float(config.optim.lr), batch_size=int(config.batch_size),
