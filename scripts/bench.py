@@ -733,8 +733,9 @@ def bench_unified_memory(datasets=('nyud', 'pascal'), encoders=('swin_t', 'resne
         mem = fn.lower(state.groups[0], start[0], feed_data[ds]['train'], state.round,
                        state.rng).compile().memory_analysis()
         compile_s = time.perf_counter() - t0
-        metrics = _with_client_sharding(e, jax.eval_shape(
-            fn, state.groups[0], start[0], feed_data[ds]['train'], state.round, state.rng)[1])
+        metrics = feeds._with_sharding(jax.eval_shape(
+            fn, state.groups[0], start[0], feed_data[ds]['train'], state.round, state.rng)[1],
+            e.client_sharding)
         agg = rounds.make_agg_fn(e).lower(rounds.agg_core(state), params, start,
                                           [metrics]).compile().memory_analysis()
         name = f'{ds}_{enc}_{layout}'
@@ -758,11 +759,6 @@ def bench_unified_memory(datasets=('nyud', 'pascal'), encoders=('swin_t', 'resne
 # Synthetic training images: at least a batch of 8 per client (PASCAL's human-parts
 # client keeps only the images with parts).
 TRAIN_IMAGES = {'nyud': 32, 'pascal': 200}
-
-
-def _with_client_sharding(exp, tree):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                     sharding=exp.client_sharding), tree)
 
 
 def vit_lora_runner(batch: int = 32, resolution: int = 224, rank: int = 16):

@@ -40,6 +40,7 @@ import numpy as np
 from fedjax_mtl.algorithms.base import (Algorithm, ClientCtx, ServerInputs, ServerState,
                                         role_view)
 from fedjax_mtl.local import _sgd_step
+from fedjax_mtl.rounds import finite_rows
 from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask.setting import Setting
 
@@ -113,11 +114,6 @@ def _plan(index_row, count, key, epochs: int, steps_per_epoch: int, local_steps:
 def _axes(where: dict) -> dict:
   """vmap axes of a slot's start params: global leaves are one unbatched row."""
   return {k: None if w == 'global' else 0 for k, w in where.items()}
-
-
-def _finite(tree: dict, n: int) -> jax.Array:
-  ok = [jnp.all(jnp.isfinite(x.reshape(n, -1)), axis=1) for x in jax.tree.leaves(tree)]
-  return jnp.stack(ok).all(0) if ok else jnp.ones((n,), bool)
 
 
 def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
@@ -208,7 +204,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
     finite_agg = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(
         (written, sstate.shared, logs))] or [jnp.bool_(True)]))
     out = {'loss': loss, 'steps': steps, 'real': real,
-           'finite': jnp.isfinite(loss) & _finite(trained, s), 'agg_finite': finite_agg,
+           'finite': jnp.isfinite(loss) & finite_rows(trained, s), 'agg_finite': finite_agg,
            'agg': logs}
     return new_state, out
 
@@ -245,8 +241,7 @@ def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
       i = offsets[task] + jnp.minimum(pos, counts[task] - 1)
       logits = forward(backbone, params, images[i], task)
       y = labels[i]
-      logp = jax.nn.log_softmax(logits, -1)
-      nll = -jnp.take_along_axis(logp, y[:, None], -1)[:, 0]
+      nll = model_lib.nll(logits, y)
       right = (jnp.argmax(logits, -1) == y) & valid
       return (acc[0] + jnp.sum(right), acc[1] + jnp.sum(jnp.where(valid, nll, 0.))), None
 

@@ -18,7 +18,6 @@ embedding (NTKFedAvg spec §1.3): not a parameter, never trained or uploaded.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import jax
@@ -29,7 +28,6 @@ from fedjax_mtl.data import image_preprocess
 from fedjax_mtl.models import vit, zeroshot
 
 PyTree = Any
-_BLOCK = re.compile(r'(?:encoderblock|resblocks)_(\d+)')
 MASKED_LOGIT = -1e9
 
 
@@ -60,14 +58,15 @@ def merge(backbone: PyTree, trainable: dict) -> PyTree:
 def roles(trainable: dict) -> dict:
   """Role of every trainable leaf: `encoder` (adapters of all blocks but the last),
   `decoder` (the last block's adapters), `head`."""
-  blocks = [int(m.group(1)) for k in trainable for m in [_BLOCK.search(k)] if m]
-  last = max(blocks) if blocks else -1
+  def block(path: str) -> int | None:
+    return next((b for b in map(vit.block_index, path.split('/')) if b is not None), None)
+
+  last = max((b for b in map(block, trainable) if b is not None), default=-1)
 
   def role(path: str) -> str:
     if path.startswith(vit.HEAD_NAME + '/'):
       return 'head'
-    m = _BLOCK.search(path)
-    return 'decoder' if m and int(m.group(1)) == last else 'encoder'
+    return 'decoder' if block(path) == last else 'encoder'
 
   return {k: role(k) for k in trainable}
 
@@ -96,7 +95,13 @@ def make_forward(model, class_counts: np.ndarray, heads: np.ndarray | None = Non
   return forward
 
 
+def nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """[B] cross-entropy of each example's integer label (no ignore index: 255 is a
+  class of SUN397)."""
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+
+
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """Mean cross-entropy of integer labels."""
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
+  return jnp.mean(nll(logits, labels))

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_mtl.data import mini8
+from fedjax_mtl.data import image_preprocess, mini8
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.models import vit
@@ -82,7 +82,6 @@ def warmup(cfg) -> dict:
   tx = optax.adamw(optax.cosine_decay_schedule(WARMUP_LR, int(cfg.warmup_steps)),
                    weight_decay=1e-4)
   norm = model_lib.checkpoint_norm(model)
-  from fedjax_mtl.data import image_preprocess
 
   def loss_fn(p, x, y):
     _, logits = model.apply({'params': p}, image_preprocess.normalize(x, norm))
@@ -122,10 +121,7 @@ def load_backbone(cfg, like: dict) -> dict:
     if not os.path.exists(path):
       _save(path, warmup(cfg))
   else:
-    path = cfg.pretrained
-    if not os.path.exists(path):
-      raise ConfigError(f'many.pretrained={path!r} does not exist; give a .npz from '
-                        "scripts/convert_vit.py, 'warmup' or ''")
+    path = cfg.pretrained  # checked to be a file by run.check
   flat = {k: v for k, v in vit.flatten_params(vit.load_npz(path)).items()
           if not k.startswith(vit.HEAD_NAME + '/')}
   want = vit.flatten_params(like)

@@ -556,6 +556,12 @@ def init_params(model: nn.Module, rng: jax.Array) -> Params:
 # ---------------------------------------------------------------------------
 
 
+def block_index(name: str) -> int | None:
+  """The block number of a param-tree key (``encoderblock_3``, ``resblocks_3`` -> 3), else None."""
+  m = _BLOCK_RE.match(name)
+  return int(m.group(1)) if m else None
+
+
 def _key_name(k: Any) -> str:
   return str(getattr(k, 'key', getattr(k, 'name', k)))
 
@@ -623,8 +629,8 @@ def add_adapters(params: Params, rank: int, seed: int = 0) -> Params:
     out = {}
     for k, v in tree.items():
       if isinstance(v, Mapping):
-        m = _BLOCK_RE.match(k)
-        v = walk(v, int(m.group(1)) if m else block)
+        index = block_index(k)
+        v = walk(v, block if index is None else index)
         if k in LORA_TARGETS and block is not None and 'kernel' in v:
           kernel = v['kernel']
           v['lora_a'] = lora_a_init(seed, block, k, (kernel.shape[0], rank))
