@@ -105,6 +105,21 @@ def _matfl_modes() -> tuple:
   return matfl_math.MODES
 
 
+def _matu_combines() -> tuple:
+  from fedjax_mtl.algorithms import matu_math
+  return matu_math.COMBINES
+
+
+def _matu_cross() -> tuple:
+  from fedjax_mtl.algorithms import matu_math
+  return matu_math.CROSS
+
+
+def _matu_ties() -> tuple:
+  from fedjax_mtl.algorithms import matu_math
+  return matu_math.TIES
+
+
 def _benchmarks() -> tuple:
   from fedjax_mtl.manytask import setting
   return setting.BENCHMARKS
@@ -221,6 +236,17 @@ FIELDS: dict[str, Field] = {
                         choices=_matfl_modes),
     'matfl.num_clusters': Field('MaT-FL hard mode: number of clusters, 1..number of clients'),
     'matfl.th': Field('MaT-FL soft mode: weights are max(cos + th, 0)', above(-1)),
+    'matu.rho': Field('MaTU: sign-agreement threshold ρ of the soft task mask (Eq. 3)',
+                      unit(True)),
+    'matu.eps': Field('MaTU: similarity threshold ε of the similar-task sets', unit(True)),
+    'matu.kappa': Field('MaTU: at most κ similar tasks per task (3 for 8 tasks, 5 for 30)',
+                        at_least(0)),
+    'matu.combine': Field("MaTU: same-task + cross-task vector: 'sum' (Eq. 7 as printed) or "
+                          "'avg' (the paper's Overview: their average)", choices=_matu_combines),
+    'matu.cross': Field("MaTU cross-task aggregation: 'similarity' (Eq. 6), 'none' or "
+                        "'uniform' (Fig. 6b's variants)", choices=_matu_cross),
+    'matu.tie': Field("MaTU unification of a zero sign sum: 'emr' (-1, EMR-Merging's code) "
+                      "or 'zero' (sgn(0) = 0)", choices=_matu_ties),
     'hca2.encoder_agg': Field('FedHCA2 encoder aggregation (ablation: fedavg, none)',
                               choices=_encoder_rules),
     'hca2.decoder_agg': Field('FedHCA2 decoder aggregation (ablation: fedavg, none)',
@@ -253,6 +279,10 @@ MANY_TASK_FIELDS = {
     'many.zeta_c': Field('many_task: Dirichlet class concentration ζ_c', above(0)),
     'many.class_split': Field("many_task: split of each task's classes over its clients: "
                               "dirichlet (ζ_c) or iid", choices=lambda: ('dirichlet', 'iid')),
+    'many.tasks_per_client': Field('many_task: exactly this many tasks per client instead '
+                                   'of the Dirichlet allocation (0 = off)', at_least(0)),
+    'many.client_tasks': Field("many_task: explicit task groups, client n holds group n mod G "
+                               "('a+b+c;d+e', '' = off)"),
     'many.participation': Field(
         'many_task: participation ξ, the fraction of clients per round',
         Rule(lambda v: 0 < v <= 1, '0 < {name} <= 1')),

@@ -14,6 +14,21 @@ moves it aside. The table has one row per method, one column per client task
 (default `local`; `--pair NAME=REF` sets another reference for one method, e.g.
 each +DEA row against its base) and the median seconds per round (rounds after
 the first, without evaluation), written to OUT/comparison.md and .csv.
+
+When every run is of the many-task setting (`setting='many_task'`, e.g.
+`configs/fedavg.py:mini8`), the table is MaTU's Table 1/2 (spec matu §5) instead:
+
+    python scripts/compare.py --out=runs/table1 --seeds=0,1,2 --reference=individual \\
+        --run "individual=configs/local.py:mini8 many.num_clients=8 many.class_split=iid" \\
+        --run fedavg=configs/fedavg.py:mini8 --run matu=configs/matu.py
+
+one column per task (top-1 accuracy % of the last evaluated round, mean ± std over
+seeds), `avg` (the mean over tasks), `normalised avg` (per seed the mean over tasks
+of 100·acc / acc of the --reference run of the same seed; the reference row is
+100.0), `bits/task` (mean over rounds and seeds of the uploaded bits per task; '–'
+for none, e.g. Individual) and the median seconds per round. There a seed sets the
+client split as well (`split_seed = seed`); a dense run keeps its `split_seed`.
+Many-task and dense runs cannot share one call; --pair is for Δm only.
 """
 
 from __future__ import annotations
@@ -132,6 +147,15 @@ def _lower(key: str) -> bool:
   return report.lower_is_better(client_task.rsplit('/', 1)[-1], metric)
 
 
+def _fmt(vals, digits: int = 2) -> str:
+  """mean ± std over seeds ('–' when any is not finite; no std for one seed)."""
+  vals = np.asarray(vals, np.float64)
+  if not np.isfinite(vals).all():
+    return '–'
+  mean = f'{vals.mean():.{digits}f}'
+  return mean if len(vals) == 1 else f'{mean} ± {vals.std():.{digits}f}'
+
+
 def comparison_table(results: dict[str, list[dict[str, float]]],
                      reference: str, seconds: dict[str, list[float]] | None = None,
                      pairs: dict[str, str] | None = None) -> tuple[str, str]:
@@ -152,12 +176,6 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
   w = csv.writer(buf)
   w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else []))
 
-  def fmt(vals):
-    vals = np.asarray(vals, np.float64)
-    if not np.isfinite(vals).all():
-      return '–'
-    return f'{vals.mean():.2f}' if len(vals) == 1 else f'{vals.mean():.2f} ± {vals.std():.2f}'
-
   for name, runs in results.items():
     per_col = [[r[c] for r in runs] for c in cols]
     ref_name = pairs.get(name, reference)
@@ -168,12 +186,88 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
     else:
       dms = [float('nan')]
     sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
-    dm_text = fmt(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
-    md.write(f'| {name} | ' + ' | '.join(fmt(v) for v in per_col) + f' | {dm_text} |'
+    dm_text = _fmt(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
+    md.write(f'| {name} | ' + ' | '.join(_fmt(v) for v in per_col) + f' | {dm_text} |'
              + ''.join(sec) + '\n')
     w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
                + ([float(np.median(seconds[name]))] if seconds else []))
   return md.getvalue(), buf.getvalue()
+
+
+def is_many_task(cfg) -> bool:
+  """Whether a config runs the many-task classification setting (fedjax_mtl/manytask)."""
+  return cfg.get('setting', '') == 'many_task'
+
+
+def final_accuracy(workdir: str) -> dict[str, float]:
+  """{task: top-1 accuracy %} of the last evaluated round of a many-task run."""
+  rows = report.final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
+  return {r['task']: float('nan') if r['value'] is None else r['value']
+          for r in rows if r['metric'] == 'accuracy'}
+
+
+def bits_per_task(workdir: str) -> float:
+  """Mean over rounds of a many-task run's uploaded bits per task (0 when none)."""
+  rows = report.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  bits = [r['bits_per_task'] for r in rows if r.get('type') == 'agg']
+  return float(np.mean(bits)) if bits else 0.
+
+
+def format_bits(bits: float) -> str:
+  """'147.9 k', '6.32 M'; '–' for no upload (e.g. Individual)."""
+  if not np.isfinite(bits) or bits == 0:
+    return '–'
+  if bits >= 1e6:
+    return f'{bits / 1e6:.2f} M'
+  return f'{bits / 1e3:.1f} k' if bits >= 1e3 else f'{bits:.0f}'
+
+
+def many_task_table(results: dict[str, list[dict[str, float]]], reference: str,
+                    bits: dict[str, list[float]],
+                    seconds: dict[str, list[float]] | None = None) -> tuple[str, str]:
+  """Markdown and CSV of MaTU's Table 1/2 (spec matu §5): methods x tasks (top-1
+  accuracy %, mean ± std over seeds), the mean over tasks, the accuracy normalised by
+  the `reference` run of the same seed (mean over tasks of 100·acc / acc_ref), the bits
+  per task (`bits`: method -> per-seed means over rounds) and the seconds per round."""
+  tasks = list(next(iter(results.values()))[0])
+  ref_runs = results.get(reference)
+  md, buf = io.StringIO(), io.StringIO()
+  head = ([t + ' ↑' for t in tasks] + ['avg ↑', f'normalised avg (% of {reference}) ↑',
+                                        'bits/task ↓'] + (['s/round'] if seconds else []))
+  md.write('| method | ' + ' | '.join(head) + ' |\n' + '|---' * (len(head) + 1) + '|\n')
+  w = csv.writer(buf)
+  w.writerow(['method'] + tasks + ['avg', 'normalised_avg', 'bits_per_task']
+             + (['seconds_per_round'] if seconds else []))
+  for name, runs in results.items():
+    acc = np.array([[r.get(t, np.nan) for t in tasks] for r in runs], np.float64)  # [seeds, T]
+    if ref_runs is not None:
+      ref = np.array([[r.get(t, np.nan) for t in tasks] for r in ref_runs], np.float64)
+      with np.errstate(divide='ignore', invalid='ignore'):
+        norm = (100. * acc / ref).mean(axis=1)  # per seed, against the same seed's reference
+    else:
+      norm = np.array([np.nan])
+    # The reference is 100 by definition: one value, no spread.
+    norm_text = _fmt([norm.mean()], 1) if name == reference else _fmt(norm, 1)
+    mean_bits = float(np.mean(bits[name]))
+    sec = [f'{np.median(seconds[name]):.2f}'] if seconds else []
+    md.write(f'| {name} | ' + ' | '.join([_fmt(acc[:, i]) for i in range(len(tasks))]
+                                         + [_fmt(acc.mean(axis=1)), norm_text,
+                                            format_bits(mean_bits)] + sec) + ' |\n')
+    w.writerow([name] + [float(v) for v in acc.mean(axis=0)]
+               + [float(acc.mean()), float(norm.mean()), mean_bits]
+               + ([float(np.median(seconds[name]))] if seconds else []))
+  return md.getvalue(), buf.getvalue()
+
+
+def table_setting(plan: list) -> bool:
+  """Whether the planned runs make the many-task table; ConfigError (one line) naming
+  the runs of each setting when both are given."""
+  many = {r.name: is_many_task(r.config) for r in plan}
+  if len(set(many.values())) > 1:
+    names = lambda flag: ', '.join(n for n, m in many.items() if m == flag)
+    raise ConfigError(f'many-task runs ({names(True)}) and dense runs ({names(False)}) make '
+                      'different tables; compare each setting in its own call')
+  return any(many.values())
 
 
 class Run(NamedTuple):
@@ -214,6 +308,8 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
       except ConfigError as e:
         raise ConfigError(f'--run {name}: {e}') from None
       cfg.seed = seed
+      if is_many_task(cfg):  # the seed sets the many-task client split too
+        cfg.split_seed = seed
       cfg.progress = False
       try:
         validate.check_config(cfg)
@@ -233,7 +329,9 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
   """--seeds, --rerun_changed and --xla_cache_dir (shared with scripts/rho_sweep.py)."""
-  p.add_argument('--seeds', default='0', help='comma-separated training seeds')
+  p.add_argument('--seeds', default='0',
+                 help='comma-separated training seeds (many-task runs: also split_seed, '
+                      'the client split)')
   p.add_argument('--rerun_changed', action='store_true',
                  help='a run folder holding a run of another config is moved to '
                       '<folder>.replaced-<n> and run again (default: stop with an error)')
@@ -270,7 +368,8 @@ def main(argv=None) -> dict:
                  'OUT/comparison.md and OUT/comparison.csv')
   p.add_argument('--run', action='append', required=True,
                  help='one method: NAME=CONFIG[:ARG] [field=value ...] (repeat per method)')
-  p.add_argument('--reference', default='local', help='run name Δm is relative to')
+  p.add_argument('--reference', default='local',
+                 help='run name Δm (many-task: the normalised accuracy) is relative to')
   p.add_argument('--pair', action='append', default=[],
                  help='NAME=REF: Δm of run NAME against run REF instead of --reference '
                       '(repeat; e.g. fedavg+dea=fedavg)')
@@ -298,14 +397,24 @@ def _compare(a: argparse.Namespace) -> dict:
       raise ConfigError(f'--pair {item!r}: expected NAME=REF with both names given by --run; '
                         'runs: ' + ', '.join(sorted(names)))
     pairs[name] = ref
+  plan = plan_runs(a.run, seeds, a.out, a.rerun_changed)
+  many = table_setting(plan)
+  if many and pairs:
+    raise ConfigError('--pair sets Δm references; the many-task table has no Δm '
+                      '(its normalised accuracy is against --reference)')
   results: dict[str, list[dict[str, float]]] = {}
   seconds: dict[str, list[float]] = {}
-  for run in plan_runs(a.run, seeds, a.out, a.rerun_changed):
+  bits: dict[str, list[float]] = {}
+  for run in plan:
     execute(run)
-    results.setdefault(run.name, []).append(final_metrics(run.workdir))
+    results.setdefault(run.name, []).append(
+        (final_accuracy if many else final_metrics)(run.workdir))
+    if many:
+      bits.setdefault(run.name, []).append(bits_per_task(run.workdir))
     seconds.setdefault(run.name, []).append(
         report.seconds_per_round(os.path.join(run.workdir, 'timing.jsonl')))
-  md, csv_text = comparison_table(results, a.reference, seconds, pairs)
+  md, csv_text = (many_task_table(results, a.reference, bits, seconds) if many
+                  else comparison_table(results, a.reference, seconds, pairs))
   os.makedirs(a.out, exist_ok=True)
   report.atomic_write(os.path.join(a.out, 'comparison.md'), md)
   report.atomic_write(os.path.join(a.out, 'comparison.csv'), csv_text)

@@ -23,6 +23,8 @@ from fedjax_mtl import train  # noqa: E402
 
 LOCAL = 'configs/local.py:smoke'
 FEDAVG = 'configs/fedavg.py:smoke'
+LOCAL8 = 'configs/local.py:mini8'  # the many-task setting
+FEDAVG8 = 'configs/fedavg.py:mini8'
 
 
 def eval_rows(value: float) -> list[dict]:
@@ -31,15 +33,33 @@ def eval_rows(value: float) -> list[dict]:
           for t, m, k in (('semseg', 'mIoU', 1.), ('depth', 'RMSE', .01))]
 
 
-def fake_run(wd, spec: str, seed: int = 0, value: float = 40., finished: bool = True):
+def many_rows(acc: dict, bits=(0., 0.)) -> list[dict]:
+  """metrics.jsonl rows of a many-task run: per round an agg row with `bits`; an early
+  evaluation the table must not use, then the last one with accuracies `acc`."""
+  rows = []
+  for rnd, b in enumerate(bits, 1):
+    rows += [{'round': rnd, 'type': 'train', 'client': 'client0', 'task': 'mnist', 'loss': 1.},
+             {'round': rnd, 'type': 'agg', 'upload_bits': 2 * b, 'bits_per_task': b}]
+  for rnd, scale in ((1, .5), (len(bits), 1.)):
+    rows += [{'round': rnd, 'type': 'eval', 'task': t, 'metric': m, 'value': v}
+             for t, a in acc.items()
+             for m, v in (('accuracy', a * scale), ('loss', 9.))]
+  return rows
+
+
+def fake_run(wd, spec: str, seed: int = 0, value: float = 40., finished: bool = True,
+             rows: list | None = None):
   """A run folder as train_and_evaluate leaves it, for the config compare builds."""
   cfg = compare.load_config(spec)
   cfg.seed, cfg.progress = seed, False
+  if compare.is_many_task(cfg):
+    cfg.split_seed = seed
   os.makedirs(wd, exist_ok=True)
   with open(os.path.join(wd, 'config.json'), 'w') as f:
     f.write(cfg.to_json_best_effort(indent=2))
-  rows = [{'round': 1, 'type': 'train', 'client': 'c0', 'task': 'semseg', 'loss': 1.}]
-  rows += eval_rows(value)
+  if rows is None:
+    rows = [{'round': 1, 'type': 'train', 'client': 'c0', 'task': 'semseg', 'loss': 1.}]
+    rows += eval_rows(value)
   with open(os.path.join(wd, 'metrics.jsonl'), 'w') as f:
     f.write(''.join(json.dumps(r) + '\n' for r in rows))
   if finished:
@@ -60,7 +80,8 @@ def trained(monkeypatch):
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2))
     with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
-      f.write(''.join(json.dumps(r) + '\n' for r in eval_rows(50.)))
+      rows = (many_rows({'mnist': 50.}) if compare.is_many_task(config) else eval_rows(50.))
+      f.write(''.join(json.dumps(r) + '\n' for r in rows))
     with open(os.path.join(workdir, 'results.csv'), 'w') as f:
       f.write('done\n')
     return {}
@@ -216,3 +237,70 @@ def test_a_pair_naming_an_unknown_run_is_one_error_line(tmp_path, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: --pair 'a=b': expected NAME=REF with both names given by --run; runs: a"]
+
+
+# -- the many-task table (MaTU's Table 1/2, spec matu §5) ---------------------------
+
+# individual: the reference; fedavg's accuracy is per seed 60% and 80% of it.
+ACC = {('individual', 0): {'mnist': 80., 'svhn': 60.},
+       ('individual', 1): {'mnist': 90., 'svhn': 70.},
+       ('fedavg', 0): {'mnist': 60., 'svhn': 27.},
+       ('fedavg', 1): {'mnist': 72., 'svhn': 56.}}
+BITS = {0: (140e3, 150e3), 1: (150e3, 151.6e3)}  # fedavg: mean 145 k and 150.8 k
+
+
+def test_many_task_table_by_hand(tmp_path, trained):
+  for (name, seed), acc in ACC.items():
+    spec, bits = (LOCAL8, (0., 0.)) if name == 'individual' else (FEDAVG8, BITS[seed])
+    fake_run(tmp_path / name / f'seed{seed}', spec, seed=seed, rows=many_rows(acc, bits))
+  results = run_compare(tmp_path, f'individual={LOCAL8}', f'fedavg={FEDAVG8}',
+                        extra=['--seeds', '0,1', '--reference', 'individual'])
+  assert trained == []  # the fakes are the runs compare asks for, split_seed included
+  assert results['fedavg'] == [ACC['fedavg', 0], ACC['fedavg', 1]]
+  md = (tmp_path / 'comparison.md').read_text().splitlines()
+  assert md[0] == ('| method | mnist ↑ | svhn ↑ | avg ↑ | normalised avg (% of individual) ↑ '
+                   '| bits/task ↓ | s/round |')
+  cells = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-2]]
+           for line in md[2:]}
+  assert cells['individual'] == ['85.00 ± 5.00', '65.00 ± 5.00', '75.00 ± 5.00', '100.0', '–']
+  # avg: 43.5 and 64 per seed; normalised: (75 + 45) / 2 = 60 and (80 + 80) / 2 = 80
+  # against the same seed's individual run; bits: (145 k + 150.8 k) / 2.
+  assert cells['fedavg'] == ['66.00 ± 6.00', '41.50 ± 14.50', '53.75 ± 10.25', '70.0 ± 10.0',
+                             '147.9 k']
+  rows = (tmp_path / 'comparison.csv').read_text().splitlines()
+  assert rows[0] == 'method,mnist,svhn,avg,normalised_avg,bits_per_task,seconds_per_round'
+  assert rows[1].startswith('individual,85.0,65.0,75.0,100.0,0.0,')
+  assert rows[2].startswith('fedavg,66.0,41.5,53.75,70.0,147900.0,')
+
+
+def test_many_task_table_without_the_reference():
+  results = {'fedavg': [{'mnist': 50., 'svhn': 70.}]}
+  md, csv_text = compare.many_task_table(results, 'individual', {'fedavg': [6.32e6]})
+  assert md.splitlines()[2] == '| fedavg | 50.00 | 70.00 | 60.00 | – | 6.32 M |'
+  assert csv_text.splitlines()[1] == 'fedavg,50.0,70.0,60.0,nan,6320000.0'
+
+
+@pytest.mark.parametrize('bits, text', [(0., '–'), (float('nan'), '–'), (512., '512'),
+                                        (147_900., '147.9 k'), (6_320_000., '6.32 M')])
+def test_bits_are_written_in_k_or_m(bits, text):
+  assert compare.format_bits(bits) == text
+
+
+def test_many_task_and_dense_runs_do_not_mix(tmp_path, trained, capsys):
+  for runs, extra, expected in [
+      ([f'fedavg={FEDAVG8}', f'local={LOCAL}', f'ind={LOCAL8}'], [],
+       'error: many-task runs (fedavg, ind) and dense runs (local) make different tables; '
+       'compare each setting in its own call'),
+      ([f'fedavg={FEDAVG8}', f'ind={LOCAL8}'], ['--pair', 'fedavg=ind'],
+       'error: --pair sets Δm references; the many-task table has no Δm')]:
+    with pytest.raises(SystemExit) as e:
+      run_compare(tmp_path / 'out', *runs, extra=extra)
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(expected), err
+  assert trained == [] and not (tmp_path / 'out').exists()
+
+
+def test_the_seed_sets_the_split_of_many_task_runs_only(tmp_path, trained):
+  run_compare(tmp_path / 'many', f'fedavg={FEDAVG8}', extra=['--seeds', '3,4'])
+  run_compare(tmp_path / 'dense', f'fedavg={FEDAVG} split_seed=7', extra=['--seeds', '3'])
+  assert [(c.seed, c.split_seed) for c, _ in trained] == [(3, 3), (4, 4), (3, 7)]

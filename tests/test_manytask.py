@@ -191,7 +191,12 @@ def test_warmup_backbone_is_cached_and_reused(tmp_path):
 
 
 @pytest.mark.parametrize('over,message', [
-    ({'algorithm': 'hca2'}, "valid choices: 'fedavg', 'fedprox', 'fedper', 'local', 'matfl'"),
+    ({'algorithm': 'hca2'},
+     "valid choices: 'fedavg', 'fedprox', 'fedper', 'local', 'matfl', 'matu'"),
+    ({'many.tasks_per_client': 5}, 'tasks per client must be an integer in 1..4'),
+    ({'many.tasks_per_client': 2, 'many.client_tasks': 'digits'}, 'give one'),
+    ({'many.client_tasks': 'digits+shapes;digits+mnist'}, "many.client_tasks entry 'mnist'"),
+    ({'many.client_tasks': 'digits+shapes;colors'}, 'leaves tasks digits_perm to no client'),
     ({'many.tasks': 'digits,mnist'}, "many.tasks entry 'mnist'"),
     ({'many.zeta_t': -1.0}, 'many.zeta_t'),
     ({'many.participation': 0.0}, 'many.participation'),
@@ -313,3 +318,138 @@ def test_matfl_round_groups_the_pairs_of_the_local_round():
     np.testing.assert_allclose(np.asarray(grouped.pair_rows[k])[slots[real]],
                                np.asarray(mixed[k])[real], rtol=1e-5, atol=1e-6)
   assert np.asarray(out['agg']['matfl_encoder_labels'])[~real].tolist() == [-1] * (~real).sum()
+
+
+def _matu(**over):
+  from fedjax_mtl.algorithms import matu
+  cfg = tiny('matu')
+  cfg.matu = matu.default_config()
+  return override(cfg, **over)
+
+
+def _flat(rows: dict, keys: list) -> np.ndarray:
+  return np.concatenate([np.asarray(rows[k], np.float64).reshape(len(rows[k]), -1)
+                         for k in keys], axis=1)
+
+
+def test_matu_round_is_the_matu_math_of_the_local_round():
+  """MaTU in the many-task round: the slots' task vectors (the Local round's trained
+  adapters minus the shared LoRA init) go through client unification, the stateless
+  server and recovery (`matu_math.round_update`, tested against a NumPy oracle in
+  test_matu_math.py), segmented by the slots' clients; each real slot keeps
+  init + its recovered vector, heads are averaged per task, the server keeps nothing."""
+  from fedjax_mtl.algorithms import matu_math
+  run = run_lib.build(_matu())
+  st = run.setting
+  assert {w for k, w in run.where.items() if run.roles[k] != 'head'} == {'pair'}
+  assert {w for k, w in run.where.items() if run.roles[k] == 'head'} == {'task'}
+  slots = st.schedule[0]
+  real = slots < st.num_pairs
+  assert not real.all() and len(set(st.pairs[slots[real], 0])) < real.sum()  # padding, k_n > 1
+  loc, _ = _round1(run_lib.build(tiny('local')))
+  new, out = _round1(run)
+  assert new.server == () and jax.tree.leaves(new.server) == []
+  keys = sorted(k for k in run.roles if run.roles[k] != 'head')
+  origin = _flat({k: run.trainable[k][None] for k in keys}, keys)
+  trained = _flat({k: np.asarray(loc.pair_rows[k])[slots] for k in keys}, keys)
+  clients = np.where(real, st.pairs[np.minimum(slots, st.num_pairs - 1), 0], -1)
+  group = np.array([np.flatnonzero(clients == c)[0] if c >= 0 else i
+                    for i, c in enumerate(clients)])
+  rec, logs = matu_math.round_update(
+      jnp.asarray(trained - origin, jnp.float32), jnp.asarray(group, jnp.int32),
+      jnp.asarray(st.pair_task[slots]), jnp.asarray(st.pair_counts[slots], jnp.float32),
+      jnp.asarray(real), st.num_tasks, rho=0.4, eps=0.5, kappa=3)
+  got = _flat({k: np.asarray(new.pair_rows[k])[slots] for k in keys}, keys)
+  np.testing.assert_allclose(got[real], (origin + np.asarray(rec))[real], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out['agg']['matu_similarity'], logs['matu_similarity'], rtol=1e-6)
+  # Pairs of clients not sampled this round keep their start (the LoRA init).
+  idle = np.setdiff1d(np.arange(st.num_pairs), slots)
+  assert len(idle)
+  np.testing.assert_array_equal(_flat({k: np.asarray(new.pair_rows[k])[idle] for k in keys},
+                                      keys), np.broadcast_to(origin, (len(idle), origin.shape[1])))
+
+
+def test_matu_single_task_clients_without_cross_task_is_per_task_fedavg():
+  """Spec §2.6: with one task per client (k_n = 1: τ_n = τ_n^t, λ = 1), ρ = 0 (m̂ = 1)
+  and no cross-task vector, MaTU's round is the examples-weighted mean of each task's
+  trained adapters, given to every pair of that task."""
+  run = run_lib.build(_matu(**{'many.zeta_t': 0.0, 'many.num_clients': 6,
+                               'many.participation': 1.0, 'matu.rho': 0.0,
+                               'matu.cross': 'none'}))
+  st = run.setting
+  slots = st.schedule[0]
+  assert all(len(st.allocation.tasks_of(c)) == 1 for c in range(6))
+  loc, _ = _round1(run_lib.build(tiny('local', **{'many.zeta_t': 0.0, 'many.num_clients': 6,
+                                                  'many.participation': 1.0})))
+  new, _ = _round1(run)
+  w = st.pair_counts[slots].astype(np.float64)
+  tasks = st.pair_task[slots]
+  for k, r in run.roles.items():
+    if r == 'head':
+      continue
+    trained = np.asarray(loc.pair_rows[k])[slots].astype(np.float64)
+    for t in range(st.num_tasks):
+      sel = tasks == t
+      want = np.tensordot(w[sel] / w[sel].sum(), trained[sel], (0, 0))
+      for row in np.asarray(new.pair_rows[k])[slots[sel]]:
+        np.testing.assert_allclose(row, want, rtol=1e-4, atol=1e-6)
+
+
+def test_matu_bits_count_one_unified_vector_per_client():
+  """Spec §7 item 14: a client with k tasks uploads 32d + k(d + 32) bits (32d when
+  k = 1), shared by its k pairs; plus each pair's head columns in float32."""
+  run = run_lib.build(_matu())
+  d = sum(int(np.prod(v.shape)) for k, v in run.trainable.items() if run.roles[k] != 'head')
+  heads = {k: v for k, v in run.trainable.items() if run.roles[k] == 'head'}
+  bits = run_lib.upload_bits(run)
+  a = run.setting.allocation
+  for p, (c, t) in enumerate(run.setting.pairs):
+    k = len(a.tasks_of(c))
+    head = 32 * sum(int(np.prod(v.shape[:-1])) * run.setting.num_classes[t]
+                    for v in heads.values())
+    want = (32 * d + (k * (d + 32) if k > 1 else 0)) / k + head
+    assert bits[p] == pytest.approx(want)
+  assert bits[-1] == 0
+
+
+def test_matu_refuses_the_dense_engine():
+  from fedjax_mtl import algorithms
+  with pytest.raises(ConfigError, match="'matu' runs in the many-task setting only"):
+    algorithms.get_algorithm('matu', algorithms.FedInfo(
+        num_clients=2, num_decoders=2, decoder_client=(0, 1), decoder_names=('a', 'b'),
+        client_names=('a', 'b'), homo_groups=(1, 1)), None)
+
+
+def test_fixed_and_grouped_task_allocations():
+  """`many.tasks_per_client` (Fig. 5): every client holds exactly k tasks and every task
+  is held; `many.client_tasks` (Fig. 6a): client n holds group n mod G."""
+  big = {'many.num_train': 64, 'many.class_split': 'iid'}
+  st = run_lib.build(tiny(**{'many.tasks_per_client': 3, **big})).setting
+  a = st.allocation.assignment
+  assert (a.sum(1) == 3).all() and a.any(0).all()
+  assert sorted(a.sum(0).tolist()) == [4, 4, 5, 5]  # 6 clients x 3 tasks round 4 tasks
+  st = run_lib.build(tiny(**{'many.client_tasks': 'digits+shapes; digits_perm+colors+digits',
+                             **big})).setting
+  groups = [[0, 2], [0, 1, 3]]  # benchmark order: digits, digits_perm, shapes, colors
+  for c in range(6):
+    assert st.allocation.tasks_of(c).tolist() == groups[c % 2]
+
+
+def test_matu_config_variants():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      'cfg_matu', os.path.join(os.path.dirname(__file__), '..', 'configs', 'matu.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  for arg, zeta in (('paper', 0.0), ('paper,table=1', 0.0), ('paper,table=2', 0.5)):
+    c = mod.get_config(arg)
+    m = c.many
+    assert (c.setting, m.benchmark, m.model, m.resolution, m.lora_rank) == (
+        'many_task', 'tfds8', 'vit_b32', 224, 16)
+    assert (m.num_clients, c.num_rounds, m.participation, m.zeta_c, m.zeta_t) == (
+        30, 100, 0.2, 0.1, zeta)
+    assert (m.local_epochs, c.batch_size, c.optim.lr) == (1, 32, 1e-3)
+  c = mod.get_config(None)
+  assert c.algorithm == 'matu' and c.many.benchmark == 'mini8' and c.matu.combine == 'sum'
+  with pytest.raises(ValueError, match="unknown table 'fig9'"):
+    mod.get_config('paper,table=fig9')

@@ -225,8 +225,11 @@ def _config_module(name):
 def test_paper_configs_for_every_layout(scenario):
   names = sorted(f[:-3] for f in os.listdir(os.path.join(os.path.dirname(__file__), '..',
                                                          'configs')) if f.endswith('.py'))
-  assert len(names) == 17  # every algorithm has a paper variant
+  # Every algorithm has a paper variant; MaTU's is of the many-task setting.
+  assert len(names) == 18 and 'matu' in names
   for name in names:
+    if name == 'matu':
+      continue
     c = _config_module(name).get_config(f'paper,scenario={scenario}')
     assert c.algorithm == {'feddea': 'dea(fedavg)'}.get(name, name)
     assert c.scenario == scenario and c.data.source == 'real'

@@ -55,6 +55,7 @@ class FedInfo:
   # Module paths (names from the params root, e.g. ('decoders', 'fuse_bn')) of the
   # layers that keep batch-norm statistics: FedBN keeps their parameters local.
   norm_modules: frozenset = frozenset()
+  num_tasks: int = 0  # many-task setting: the benchmark's tasks (0: the dense engine)
 
 
   def row_client(self, role: str) -> tuple[int, ...]:
@@ -80,6 +81,13 @@ class ServerInputs(NamedTuple):
   # [N] bool: rows that hold a real upload this round (None: all of them). The
   # many-task round pads its slots; a padding row trained nothing.
   row_valid: jax.Array | None = None
+  # Many-task rounds (rows = (client, task) pairs): [N] int32 segment id of each
+  # row's client (the rows of one client share it, ids < N) and [N] int32 task of
+  # each row; `origin` (role -> one row's tree) is the point every row's task
+  # vector is measured from (the shared LoRA initialisation: θ_p's trainable part).
+  row_client: jax.Array | None = None
+  row_task: jax.Array | None = None
+  origin: Views | None = None
 
 
 class ServerState(NamedTuple):

@@ -17,6 +17,12 @@ the arguments.
      every task that no client holds is given to the client with the largest
      p_n[t] (tasks in index order). Small zeta_t gives few tasks per client.
    - zeta_t = inf (or None): every client holds every task.
+   - Fixed k tasks per client (``fixed_tasks``, MaTU's Fig. 5): one permutation
+     of the tasks; client n holds the k tasks at positions (n·k + j) mod T,
+     j < k, so the clients walk round the permutation and every task is held
+     by floor or ceil(N·k / T) clients (when N·k >= T, all of them are).
+   - Explicit groups (``grouped_tasks``, Fig. 6a's conflict groups): client n
+     holds group n mod G.
 2. Within-task data split, ``split_by_label`` (NIID-Bench's "noniid-labeldir"):
    the training set of task t (n samples, C classes) is split among the N_t
    clients holding t. For each class k in order: shuffle the class's sample
@@ -125,6 +131,31 @@ def assign_tasks(num_clients: int, num_tasks: int, zeta_t: float | None, seed: i
   return a
 
 
+def fixed_tasks(num_clients: int, num_tasks: int, k: int, seed: int = 0) -> np.ndarray:
+  """A [N, T] with exactly k tasks per client (module docstring, step 1)."""
+  n = _check_count('num_clients', num_clients)
+  t = _check_count('num_tasks', num_tasks)
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= t:
+    raise ConfigError(f'tasks per client must be an integer in 1..{t} (the tasks), got {k!r}')
+  perm = np.random.default_rng([int(seed), _TASK_STREAM]).permutation(t)
+  a = np.zeros((n, t), bool)
+  for c in range(n):
+    a[c, perm[(c * k + np.arange(k)) % t]] = True
+  return a
+
+
+def grouped_tasks(num_clients: int, groups: Sequence[Sequence[int]], num_tasks: int
+                  ) -> np.ndarray:
+  """A [N, T]: client n holds the tasks of `groups[n mod G]`."""
+  n = _check_count('num_clients', num_clients)
+  if not groups or any(not g for g in groups):
+    raise ConfigError('task groups must be non-empty lists of tasks')
+  a = np.zeros((n, num_tasks), bool)
+  for c in range(n):
+    a[c, list(groups[c % len(groups)])] = True
+  return a
+
+
 def split_by_label(labels: np.ndarray, num_clients: int, zeta_c: float | None, seed: int = 0,
                    min_size: int = DEFAULT_MIN_SIZE, max_tries: int = 1000
                    ) -> list[np.ndarray]:
@@ -173,14 +204,24 @@ def split_by_label(labels: np.ndarray, num_clients: int, zeta_c: float | None, s
 
 def allocate(train_labels: Sequence[np.ndarray], num_clients: int, zeta_t: float | None,
              zeta_c: float | None, seed: int = 0, min_size: int = DEFAULT_MIN_SIZE,
-             task_threshold: float = 1.) -> Allocation:
-  """Tasks to clients (Dir(zeta_t)), then each task's training set to its clients (Dir(zeta_c)).
+             task_threshold: float = 1., assignment: np.ndarray | None = None) -> Allocation:
+  """Tasks to clients (Dir(zeta_t), or the given `assignment` A [N, T]), then each
+  task's training set to its clients (Dir(zeta_c)).
 
   `train_labels[t]` are task t's training labels; indices refer to that array.
   """
   if len(train_labels) == 0:
     raise ConfigError('allocate needs at least one task (train_labels is empty)')
-  a = assign_tasks(num_clients, len(train_labels), zeta_t, seed, task_threshold)
+  if assignment is None:
+    a = assign_tasks(num_clients, len(train_labels), zeta_t, seed, task_threshold)
+  else:
+    a = np.asarray(assignment, bool)
+    if a.shape != (num_clients, len(train_labels)) or not a.any(1).all():
+      raise ConfigError(f'task assignment of shape {a.shape} must be ({num_clients}, '
+                        f'{len(train_labels)}) with at least one task per client')
+    if not a.any(0).all():
+      raise ConfigError('tasks ' + ', '.join(map(str, np.flatnonzero(~a.any(0))))
+                        + ' are held by no client')
   indices = [dict() for _ in range(a.shape[0])]
   for t, labels in enumerate(train_labels):
     holders = np.flatnonzero(a[:, t])

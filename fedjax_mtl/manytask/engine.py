@@ -116,20 +116,32 @@ def _axes(where: dict) -> dict:
   return {k: None if w == 'global' else 0 for k, w in where.items()}
 
 
+def _client_segments(clients: jax.Array) -> jax.Array:
+  """[S] segment id of each slot's client: the first slot of the same client
+  (padding slots, client -1, each their own)."""
+  s = clients.shape[0]
+  same = (clients[:, None] == clients[None, :]) & (clients[:, None] >= 0)
+  return jnp.where(clients >= 0, jnp.argmax(same, axis=1), jnp.arange(s)).astype(jnp.int32)
+
+
 def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
                lr: float, batch_size: int, local_epochs: int, local_steps: int,
-               heads: np.ndarray | None = None):
+               heads: np.ndarray | None = None, origin: dict | None = None):
   """Jitted `(state, backbone, slots [S], images, labels) -> (state, outputs)`.
 
   `images` uint8 [n, R, R, 3] / `labels` int32 [n]: every task's training set
   concatenated (`setting.train_offsets`); `slots`: the round's pair ids. The
   state is donated. Outputs: per slot 'loss', 'steps', 'finite' (loss and
   trained params), 'agg_finite' and the server's logs. `heads`: frozen zero-shot
-  heads (`model_lib.make_forward`).
+  heads (`model_lib.make_forward`). `origin`: the trainable leaves' shared
+  initialisation (θ_p's trainable part), which the server sees as
+  `ServerInputs.origin` with each slot's client (`row_client`: the first slot
+  of the same client) and task (`row_task`).
   """
   forward = model_lib.make_forward(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
   pair_counts = jnp.asarray(setting.pair_counts)
+  pair_client = jnp.asarray(np.append(setting.pairs[:, 0], -1).astype(np.int32))
   table = jnp.asarray(setting.index_table)
   num_tasks, s = setting.num_tasks, setting.num_slots
   steps_per_epoch = max(1, math.ceil(int(setting.counts.max()) / batch_size))
@@ -181,7 +193,10 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
                      local={r: role_view(uploads, roles, r) for r in shared},
                      num_examples=counts.astype(jnp.float32), num_steps=steps.astype(jnp.int32),
                      client_ids=jnp.arange(s, dtype=jnp.int32), round=state.round,
-                     row_valid=counts > 0)
+                     row_valid=counts > 0, row_client=_client_segments(pair_client[slots]),
+                     row_task=task,
+                     origin=None if origin is None else {r: role_view(origin, roles, r)
+                                                         for r in shared})
     new, sstate, logs = alg.server.apply(ServerState(state.server, {}), x)
     new_flat = {k: v for r in shared for k, v in (new[r] or {}).items()}
     new_shared = {k: new_flat[k][0] for k in state.shared}

@@ -34,6 +34,7 @@ import ml_collections
 import numpy as np
 
 from fedjax_mtl import algorithms, report, validate
+from fedjax_mtl.algorithms import matu_math
 from fedjax_mtl.algorithms.base import role_view
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError, DivergedError
@@ -44,7 +45,8 @@ from fedjax_mtl.manytask import setting as setting_lib
 from fedjax_mtl.models import vit
 
 # algorithm -> whether its server gives every row of a shared role the same value
-SUPPORTED = {'fedavg': True, 'fedprox': True, 'fedper': True, 'local': True, 'matfl': False}
+SUPPORTED = {'fedavg': True, 'fedprox': True, 'fedper': True, 'local': True, 'matfl': False,
+             'matu': False}
 
 
 def check(config) -> None:
@@ -62,7 +64,8 @@ def check(config) -> None:
     raise ConfigError(f'many.local_epochs={cfg.local_epochs} and many.local_steps='
                       f'{cfg.local_steps}: set exactly one of them > 0')
   tasks = setting_lib.selected_tasks(cfg)
-  if cfg.zeta_t == 0 and cfg.num_clients < len(tasks):
+  explicit = setting_lib.task_assignment(cfg, tasks, int(config.split_seed)) is not None
+  if cfg.zeta_t == 0 and cfg.num_clients < len(tasks) and not explicit:
     raise ConfigError(f'many.zeta_t=0 gives one task per client and needs num_clients >= '
                       f'{len(tasks)} tasks, got {cfg.num_clients}')
   if cfg.pretrained == 'warmup' and cfg.benchmark != 'mini8':
@@ -110,7 +113,8 @@ def slot_info(setting: setting_lib.Setting, config) -> algorithms.FedInfo:
       num_clients=s, num_decoders=s, decoder_client=tuple(range(s)), decoder_names=names,
       client_names=names, homo_groups=(s,), num_rounds=int(config.num_rounds),
       client_keys=tuple((config.many.benchmark, 'pair') for _ in range(s)),
-      decoder_keys=tuple((config.many.benchmark, 'pair') for _ in range(s)))
+      decoder_keys=tuple((config.many.benchmark, 'pair') for _ in range(s)),
+      num_tasks=setting.num_tasks)
 
 
 def build(config) -> Run:
@@ -134,7 +138,7 @@ def build(config) -> Run:
   round_fn = engine.make_round(setting, model, alg, make_optimizer(config.optim), roles, where,
                                lr=float(config.optim.lr), batch_size=int(config.batch_size),
                                local_epochs=0 if steps else int(cfg.local_epochs),
-                               local_steps=steps, heads=heads)
+                               local_steps=steps, heads=heads, origin=trainable)
   test_counts = np.array([len(lab) for _, lab in data.test])
   eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
@@ -177,12 +181,17 @@ def upload_bits(run: Run) -> np.ndarray:
                  if run.roles[k] in shared)
   heads_up = any(w == 'task' for w in run.where.values())
   head_values = {k: v for k, v in run.trainable.items() if run.roles[k] == 'head'}
+  matu = algorithms.parse(run.config.algorithm)[-1] == 'matu'
   bits = []
-  for _, t in run.setting.pairs:
+  for client, t in run.setting.pairs:
     c = run.setting.num_classes[t]
     head = sum(int(np.prod(v.shape[:-1])) * c for v in head_values.values()) if heads_up else 0
-    bits.append(32 * (adapters + head))
-  return np.array(bits + [0], np.int64)
+    if matu:  # one unified vector per client, plus a mask and a rescaler per task
+      k = len(run.setting.allocation.tasks_of(client))
+      bits.append(matu_math.upload_bits(adapters, k) / k + 32 * head)
+    else:
+      bits.append(32 * (adapters + head))
+  return np.array(bits + [0], np.float64)
 
 
 def _concat(split) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -283,10 +292,11 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
                'task': run.setting.tasks[run.setting.pairs[p][1]], 'loss': float(loss),
                'steps': int(steps)}
               for p, loss, steps, r in zip(slots, out['loss'], out['steps'], real) if r]
-      rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round_bits.sum()),
+      rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round(round_bits.sum())),
                    'bits_per_task': float(round_bits.mean()),
                    **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}})
-      if rnd % int(config.eval_every) == 0 or rnd == total:
+      evaluated = rnd % int(config.eval_every) == 0 or rnd == total
+      if evaluated:
         final = [{'round': rnd, 'type': 'eval', **r} for r in evaluate(run, state, test)]
         rows += final
       report.append_jsonl(metrics_path, rows)
@@ -294,7 +304,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
         ckpt.save(rnd, state)
       dt = time.perf_counter() - t0
       # Wall times go to their own file: metrics.jsonl stays identical across resumes.
-      report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt}])
+      report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt, 'eval': evaluated}])
       if config.progress:
         acc = [r['value'] for r in rows if r.get('metric') == 'accuracy']
         print(f'round {rnd}/{total} {dt:6.2f}s | train loss '

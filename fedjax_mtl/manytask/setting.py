@@ -33,6 +33,11 @@ def default_config() -> ml_collections.ConfigDict:
       'zeta_t': 0.0,  # task concentration (0: one task per client)
       'zeta_c': 0.1,  # class concentration of the Dirichlet class split
       'class_split': 'dirichlet',  # or 'iid' (NIID-Bench's "homo": equal random parts)
+      # Instead of the Dirichlet task allocation: exactly this many tasks per client
+      # (0 = off; MaTU's Fig. 5), or explicit groups, client n holding group n mod G,
+      # e.g. 'digits+digits_perm+shapes;colors+gratings+texture_freq' (Fig. 6a)
+      'tasks_per_client': 0,
+      'client_tasks': '',
       'participation': 1.0,  # ξ: fraction of clients per round
       'local_epochs': 1,  # per pair per round (0 when local_steps is set)
       'local_steps': 0,  # > 0: this many steps per pair per round instead of epochs
@@ -95,6 +100,37 @@ def load_data(cfg, tasks: tuple[str, ...], seed: int) -> TaskData:
                   test=tuple(one(t, 'test', cfg.num_test) for t in tasks))
 
 
+def client_groups(cfg, tasks: tuple[str, ...]) -> list[list[int]]:
+  """`many.client_tasks` as lists of task indices ([] when unset), checked."""
+  groups = []
+  for item in filter(None, (g.strip() for g in cfg.client_tasks.split(';'))):
+    names = [t.strip() for t in item.split('+') if t.strip()]
+    for t in names:
+      check_choice('many.client_tasks entry', t, tasks, ' of the selected tasks')
+    if len(set(names)) != len(names):
+      raise ConfigError(f'many.client_tasks group {item!r} names a task twice')
+    groups.append([tasks.index(t) for t in names])
+  return groups
+
+
+def task_assignment(cfg, tasks: tuple[str, ...], seed: int) -> np.ndarray | None:
+  """A [N, T] of `many.tasks_per_client` / `many.client_tasks`, or None (Dirichlet)."""
+  n = int(cfg.num_clients)
+  if cfg.tasks_per_client and cfg.client_tasks:
+    raise ConfigError('many.tasks_per_client and many.client_tasks both set; give one')
+  if cfg.tasks_per_client:
+    return many_task.fixed_tasks(n, len(tasks), int(cfg.tasks_per_client), seed)
+  groups = client_groups(cfg, tasks)
+  if not groups:
+    return None
+  a = many_task.grouped_tasks(n, groups, len(tasks))
+  if not a.any(0).all():
+    missing = [tasks[t] for t in np.flatnonzero(~a.any(0))]
+    raise ConfigError(f'many.client_tasks leaves tasks {", ".join(missing)} to no client '
+                      f'(with {n} clients); add them to a group or drop them in many.tasks')
+  return a
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Setting:
   """Who holds what and who trains when (all NumPy, closed over by jitted code)."""
@@ -146,7 +182,7 @@ def build_setting(tasks: tuple[str, ...], data: TaskData, cfg, num_rounds: int,
   check_choice('many.class_split', cfg.class_split, CLASS_SPLITS)
   zeta_c = None if cfg.class_split == 'iid' else float(cfg.zeta_c)
   alloc = many_task.allocate([lab for _, lab in data.train], int(cfg.num_clients), zeta_t,
-                             zeta_c, seed)
+                             zeta_c, seed, assignment=task_assignment(cfg, tasks, seed))
   pairs = np.array([(c, t) for c in range(alloc.num_clients) for t in alloc.tasks_of(c)],
                    np.int32).reshape(-1, 2)
   offsets = np.concatenate([[0], np.cumsum([len(lab) for _, lab in data.train])])

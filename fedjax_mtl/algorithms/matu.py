@@ -1,0 +1,111 @@
+"""MaTU: unified task vectors with per-task masks and rescalers, a stateless server.
+
+Runs in the many-task setting (`configs/matu.py`; spec matu.md §2), where every
+row of the server's views is one (client, task) pair of the round:
+
+- **Client** (§2.2): each pair trains from the task model its client recovered
+  last round (the engine keeps that recovered adapter per pair, so it is the
+  client's own state; a client never sampled before starts from θ_p). After
+  training, each client unifies the task vectors τ_n^t = adapters − θ_p of its
+  tasks into τ_n (Eq. 2, EMR-Merging's tie rule: a zero sum counts as −1), with
+  binary masks m_n^t = (τ_n^t ⊙ τ_n > 0) and rescalers λ_n^t; it uploads τ_n,
+  the bit-packed masks, the scalars and |D_n^t|. All clients of the round do
+  this in one program, segmented by `ServerInputs.row_client`.
+- **Server** (§2.3–2.4, `matu_math.server`): a pure function of the round's
+  uploads. Per task the soft sign-agreement mask m̂^t (ρ), the same-task average
+  τ̂^t over the reconstructions m_n^t ⊙ τ_n weighted by γ_n^t λ_n^t, the sign
+  similarity S of all tasks (one matmul), the similar tasks Z^t (S > ε, top κ,
+  t itself excluded), the cross-task vector, the combination (`combine='sum'`,
+  Eq. 7 as printed; `'avg'`, the Overview's "averaging"), then per client the
+  unified vector, masks and rescalers sent back. It keeps nothing between rounds:
+  `ServerState()` in, `ServerState()` out.
+- **Recovery**: each pair starts the next round from θ_p + λ_n^t m_n^t ⊙ τ_n.
+  Pairs of clients not sampled keep what they had (spec §7 item 4).
+
+Task vectors are the flattened LoRA factors (A and B of every adapted layer)
+minus their shared initialisation (spec §7 item 6, factor space). Heads are not
+part of τ: the many-task engine averages them per task (spec §7 item 7).
+Fig. 6b's variants: `cross='none'` (no cross-task vector) and `'uniform'` (every
+task of the round weighted 1/|T_r|).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_mtl.algorithms import matu_math as mm
+from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
+                                        ServerState, config_block)
+from fedjax_mtl.errors import ConfigError, check_choice
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """ρ and ε of the paper; κ = 3 for 8 tasks (5 for 30, spec §4); Eq. 7 as printed."""
+  return ml_collections.ConfigDict({'rho': 0.4, 'eps': 0.5, 'kappa': 3, 'combine': 'sum',
+                                    'cross': 'similarity', 'tie': 'emr'})
+
+
+def _flatten(view: dict) -> tuple[jax.Array, list]:
+  """[S, d] rows of every leaf of every role (roles sorted), and how to split them back."""
+  parts, spec = [], []
+  for role in sorted(view):
+    leaves, treedef = jax.tree.flatten(view[role])
+    spec.append((role, treedef, [x.shape[1:] for x in leaves], [x.dtype for x in leaves]))
+    parts += [x.reshape(x.shape[0], -1).astype(jnp.float32) for x in leaves]
+  return jnp.concatenate(parts, axis=1), spec
+
+
+def _unflatten(rows: jax.Array, spec: list) -> dict:
+  out, lo = {}, 0
+  for role, treedef, shapes, dtypes in spec:
+    leaves = []
+    for shape, dtype in zip(shapes, dtypes):
+      n = int(np.prod(shape))
+      leaves.append(rows[:, lo:lo + n].reshape((rows.shape[0],) + shape).astype(dtype))
+      lo += n
+    out[role] = jax.tree.unflatten(treedef, leaves)
+  return out
+
+
+def server(cfg, num_tasks: int) -> Server:
+  """The MaTU round over every shared role: client unification and upload, the
+  stateless server, recovery (module docstring)."""
+  kw = dict(rho=float(cfg.rho), eps=float(cfg.eps), kappa=int(cfg.kappa), cross=cfg.cross,
+            combine=cfg.combine)
+
+  def apply(state: ServerState, x: ServerInputs):
+    if x.row_client is None or x.row_task is None or x.origin is None:
+      raise ValueError('MaTU needs the many-task round (row_client, row_task, origin)')
+    local, spec = _flatten(x.local)
+    origin, _ = _flatten(jax.tree.map(lambda v: v[None], x.origin))
+    valid = (jnp.ones(local.shape[0], bool) if x.row_valid is None else x.row_valid)
+    recovered, logs = mm.round_update(local - origin, x.row_client, x.row_task,
+                                      x.num_examples, valid, num_tasks, tie=cfg.tie, **kw)
+    rows = jnp.where(valid[:, None], origin + recovered, local)
+    return _unflatten(rows, spec), state, logs
+
+  return Server(init=lambda views: ServerState(), apply=apply)
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  """MaTU (many-task setting only): adapters shared through the MaTU round, heads per
+  task (the many-task engine averages them)."""
+  cfg = config_block(config, 'matu', default_config())
+  if info.num_tasks <= 0:
+    raise ConfigError("algorithm 'matu' runs in the many-task setting only "
+                      "(config.setting='many_task', e.g. configs/matu.py)")
+  check_choice('matu.combine', cfg.combine, mm.COMBINES)
+  check_choice('matu.cross', cfg.cross, mm.CROSS)
+  check_choice('matu.tie', cfg.tie, mm.TIES)
+  if not 0. <= float(cfg.rho) <= 1.:
+    raise ConfigError(f'matu.rho={cfg.rho} is out of range; valid range: 0 <= rho <= 1')
+  if not 0. <= float(cfg.eps) <= 1.:
+    raise ConfigError(f'matu.eps={cfg.eps} is out of range; valid range: 0 <= eps <= 1 '
+                      '(the sign similarity lies in [0, 1])')
+  if int(cfg.kappa) < 0:
+    raise ConfigError(f'matu.kappa={cfg.kappa} is negative; valid range: kappa >= 0')
+  return Algorithm(name='matu', client=Client(), server=server(cfg, info.num_tasks),
+                   roles={'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'})
