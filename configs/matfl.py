@@ -13,6 +13,7 @@ from fedjax_mtl.defaults import base_config, parse_arg
 def get_config(arg=None):
   c = base_config(arg, algorithm='matfl')
   c.matfl = default_config()
-  if parse_arg(arg)[0] == 'mini8':  # the many-task setting: 3 clusters for 8 tasks (spec matu §4)
+  variant, items = parse_arg(arg)
+  if variant == 'mini8' or 'table' in items:  # many-task: 3 clusters for 8 tasks (spec matu §4)
     c.matfl.num_clusters = 3
   return c

@@ -11,35 +11,68 @@ The many-task setting only (spec matu.md). Variants:
   ζ_c = 0.1, ζ_t = 0 / 0.5, one local epoch, AdamW 1e-3, batch 32). Give the
   converted backbone (`scripts/convert_vit.py`) as `--config.many.pretrained=...`
   and the TFDS data dir as `--config.many.data_dir=...`.
+- `table=` also on mini8 (`configs/matu.py:mini8,table=2`): `2` is ζ_t = 0.5;
+  `fig5,k=K` gives every client exactly K tasks (N = 10, ξ = 1); `fig6a,conflict=C,
+  relatedness=FILE` gives the clients Fig. 6a's groups of 3 tasks spanning C = 0, 2
+  or 3 of the task clusters in FILE (`scripts/task_relatedness.py`), `fig6b` the
+  same groups for the cross-task ablation (`--config.matu.cross=none|uniform`);
+  on `paper` these run 300 rounds on the 8 real tasks. `paper,table=fig4|fig5`
+  (the 30-task benchmark) are refused: that benchmark is not in fedjax_mtl.
+  `scripts/matu_figures.py` runs the Fig. 5 / 6 sweeps and plots them.
 
 `matu.combine`: 'sum' (Eq. 7 as printed, the default) or 'avg' (the Overview's
 average); `matu.cross`: 'similarity', 'none', 'uniform' (Fig. 6b).
 """
 
 from fedjax_mtl.algorithms.matu import default_config
-from fedjax_mtl.defaults import VARIANTS, base_config, parse_arg
+from fedjax_mtl.defaults import VARIANTS, base_config, many_task_paper, parse_arg
 
-TABLES = ('1', '2')
+TABLES = ('1', '2', 'fig5', 'fig6a', 'fig6b')
+PAPER_ONLY_30 = ('fig4', 'fig5')  # the paper's 30-task benchmark
 
 
-def _setup(c, variant: str, table: str) -> None:
+def _groups(items: dict) -> tuple[str, list[str]]:
+  """`many.client_tasks` of Fig. 6a's conflict level `conflict` (0, 2, 3) from the
+  task clusters in `relatedness` (scripts/task_relatedness.py's relatedness.json)."""
+  import json
+  import os
+  from fedjax_mtl.data import many_task
+  path = items.pop('relatedness', '')
+  if not os.path.isfile(path):
+    raise ValueError(f'fig6a/fig6b need relatedness=<relatedness.json of '
+                     f'scripts/task_relatedness.py> (the task clusters); got {path!r}')
+  with open(path) as f:
+    clusters = json.load(f)['clusters']
+  groups = many_task.conflict_groups(clusters, int(items.pop('conflict', '0')), 10)
+  return ';'.join('+'.join(g) for g in groups), sorted({t for g in groups for t in g})
+
+
+def _setup(c, variant: str, table: str, items: dict) -> None:
   m = c.many
-  if variant == 'paper':
-    if table not in TABLES:
-      raise ValueError(f'unknown table {table!r} of configs/matu.py:paper; valid choices: '
-                       + ', '.join(map(repr, TABLES)))
-    m.benchmark, m.model, m.resolution, m.lora_rank = 'tfds8', 'vit_b32', 224, 16
-    m.num_clients, m.participation, m.zeta_c = 30, 0.2, 0.1
-    m.zeta_t = 0.0 if table == '1' else 0.5
-    m.local_epochs, m.local_steps = 1, 0
-    m.pretrained = 'vit_b32_in21k.npz'  # scripts/convert_vit.py output (spec §1.1)
-    c.num_rounds, c.eval_every, c.checkpoint_every = 100, 10, 10
-    c.batch_size, c.eval_batch_size = 32, 256
-    c.optim.lr = 1e-3  # spec matu §4
+  if variant == 'paper' and table in PAPER_ONLY_30:
+    raise ValueError(f'configs/matu.py:paper,table={table} runs on the 30-task benchmark, '
+                     'which fedjax_mtl does not have yet; valid choices: '
+                     + ', '.join(repr(t) for t in TABLES if t not in PAPER_ONLY_30))
+  if table not in TABLES:
+    raise ValueError(f'unknown table {table!r} of configs/matu.py; valid choices: '
+                     + ', '.join(map(repr, TABLES)))
+  if variant == 'paper':  # the Table 1 setting, then the table's changes below
+    many_task_paper(c, 'matu', '1')
   elif variant == 'smoke':
     m.num_clients, m.zeta_t, m.num_train, m.num_test = 4, 0.5, 96, 50
     m.pretrained, m.tasks = '', 'digits,digits_perm,shapes'
     c.num_rounds, c.eval_every, c.checkpoint_every = 2, 1, 1
+  if table == '2':
+    m.zeta_t = 0.5
+  elif table.startswith('fig'):  # Figs. 5-6: N = 10, every client every round
+    m.num_clients, m.participation = 10, 1.0
+    if variant == 'paper':
+      c.num_rounds, c.eval_every, c.checkpoint_every = 300, 25, 25
+    if table == 'fig5':
+      m.tasks_per_client = int(items.pop('k', '2'))
+    else:
+      m.client_tasks, held = _groups(items)
+      m.tasks = ','.join(held)
 
 
 def get_config(arg=None):
@@ -50,6 +83,7 @@ def get_config(arg=None):
   table = kv.pop('table', '1')
   # Every variant is many-task: built on mini8's base, then adjusted.
   items = ','.join(['mini8'] + [f'{k}={v}' for k, v in kv.items()])
-  c = base_config(items, algorithm='matu', setup=lambda c, v, kv: _setup(c, variant, table))
+  c = base_config(items, algorithm='matu',
+                  setup=lambda c, v, rest: _setup(c, variant, table, rest))
   c.matu = default_config()
   return c

@@ -120,6 +120,11 @@ def _matu_ties() -> tuple:
   return matu_math.TIES
 
 
+def _many_feeds() -> tuple:
+  from fedjax_mtl.manytask import feed
+  return feed.FEEDS
+
+
 def _benchmarks() -> tuple:
   from fedjax_mtl.manytask import setting
   return setting.BENCHMARKS
@@ -283,6 +288,9 @@ MANY_TASK_FIELDS = {
                                    'of the Dirichlet allocation (0 = off)', at_least(0)),
     'many.client_tasks': Field("many_task: explicit task groups, client n holds group n mod G "
                                "('a+b+c;d+e', '' = off)"),
+    'many.feed': Field("many_task: 'device' (every training image on the device) or 'round' "
+                       "(the round's samples, gathered each round)",
+                       choices=_many_feeds),
     'many.participation': Field(
         'many_task: participation ξ, the fraction of clients per round',
         Rule(lambda v: 0 < v <= 1, '0 < {name} <= 1')),

@@ -828,7 +828,8 @@ def bench_many_memory(slots=(1, 6), model: str = 'vit_b32', resolution: int = 22
     images, labels, _ = many_run._concat(run.data.train)
     size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
     t0 = time.perf_counter()
-    mem = run.round_fn.lower(state, run.backbone, run.setting.schedule[0], images,
+    rows = run.setting.index_table[run.setting.schedule[0]]
+    mem = run.round_fn.lower(state, run.backbone, run.setting.schedule[0], rows, images,
                              labels).compile().memory_analysis()
     out.update({f's{s}_slots': run.setting.num_slots,
                 f's{s}_backbone_bytes': size(run.backbone),

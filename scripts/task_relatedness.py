@@ -308,11 +308,14 @@ def figure(names, res: dict):
   iu = np.triu_indices(n, k=1)
   x, y = res['similarity'][iu], res['cosine'][iu]
   ax_p.scatter(x, y, s=22, color='tab:blue', alpha=0.85, zorder=3)
-  if x.size <= 45:
-    for a, b, xi, yi in zip(*iu, x, y):
-      if np.isfinite(yi):
-        ax_p.annotate(f'{names[a]}–{names[b]}', (xi, yi), fontsize=_FONT - 2, color='0.35',
-                      xytext=(3, 2), textcoords='offset points')
+  # Pair labels: all of a few pairs, else the 5 most and 2 least sign-similar (the rest
+  # crowd near S = 0.5).
+  order = np.argsort(-x, kind='stable')
+  shown = order if x.size <= 10 else np.concatenate([order[:5], order[-2:]])
+  for i in shown:
+    if np.isfinite(y[i]):
+      ax_p.annotate(f'{names[iu[0][i]]}–{names[iu[1][i]]}', (x[i], y[i]), fontsize=_FONT - 2,
+                    color='0.35', xytext=(3, 2), textcoords='offset points')
   ax_p.set_xlabel('sign similarity S', fontsize=_FONT + 1)
   ax_p.set_ylabel('cosine similarity', fontsize=_FONT + 1)
   ax_p.ticklabel_format(style='plain', useOffset=False)

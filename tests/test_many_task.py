@@ -247,3 +247,22 @@ def test_bad_inputs_raise_one_clear_line(call, match):
   with pytest.raises(ValueError, match=match) as e:
     call()
   assert isinstance(e.value, ConfigError) and '\n' not in str(e.value)
+
+
+def test_conflict_groups_span_the_asked_number_of_clusters():
+  """MaTU Fig. 6a's groups: level 0 = one cluster, 2 = two, 3 = three; greedy cover."""
+  clusters = [['a', 'b', 'c', 'd'], ['e', 'f', 'g'], ['h']]
+  where = {t: i for i, c in enumerate(clusters) for t in c}
+  for level, spans in ((0, 1), (2, 2), (3, 3)):
+    groups = mt.conflict_groups(clusters, level, 10)
+    assert groups and len(groups) <= 10
+    for g in groups:
+      assert len(g) == 3 and len({where[t] for t in g}) == spans
+    held = {t for g in groups for t in g}
+    if level:  # every task is in some group of 2 or 3 clusters
+      assert held == set(where)
+    else:  # 'h' (a cluster of one) cannot be in a group of one cluster
+      assert held == set(where) - {'h'}
+  for bad in (1, 4):
+    with pytest.raises(ConfigError, match='valid levels: 0, 2, 3'):
+      mt.conflict_groups(clusters, bad, 10)

@@ -82,11 +82,13 @@ def test_storage_follows_the_algorithm_roles():
 
 
 def _round1(run):
+  from fedjax_mtl.manytask.feed import RoundFeed
   from fedjax_mtl.manytask.run import _concat, init_state
   images, labels, _ = _concat(run.data.train)
   state = init_state(run)
   slots = jnp.asarray(run.setting.schedule[0])
-  return run.round_fn(state, run.backbone, slots, jnp.asarray(images), jnp.asarray(labels))
+  return run.round_fn(state, run.backbone, slots,
+                      *RoundFeed(run.setting, images, labels, 'device')(0))
 
 
 def test_fedavg_round_is_the_weighted_mean_of_the_local_round(fedavg_run):
@@ -453,3 +455,26 @@ def test_matu_config_variants():
   assert c.algorithm == 'matu' and c.many.benchmark == 'mini8' and c.matu.combine == 'sum'
   with pytest.raises(ValueError, match="unknown table 'fig9'"):
     mod.get_config('paper,table=fig9')
+
+
+def test_round_feed_gives_the_device_feed_bitwise(tmp_path):
+  """`many.feed='round'` (only the round's samples on the device, renumbered) trains
+  exactly as the whole training set on the device: bitwise the same state."""
+  states = {}
+  for feed in ('device', 'round'):
+    out = train.train_and_evaluate(tiny(**{'many.feed': feed}), str(tmp_path / feed))
+    states[feed] = jax.device_get(out['state'])
+  jax.tree.map(np.testing.assert_array_equal, states['device'], states['round'])
+  from fedjax_mtl.manytask.feed import RoundFeed
+  from fedjax_mtl.manytask.run import _concat
+  run = run_lib.build(tiny())
+  images, labels, _ = _concat(run.data.train)
+  feed = RoundFeed(run.setting, images, labels, 'round')
+  rows, imgs, labs = feed(0)
+  assert imgs.shape[0] == feed.size < len(images)  # a part of the training set
+  st = run.setting
+  for i, p in enumerate(st.schedule[0]):
+    if p < st.num_pairs:
+      n = st.counts[p]
+      np.testing.assert_array_equal(np.asarray(imgs)[np.asarray(rows)[i, :n]],
+                                    images[st.index_table[p, :n]])

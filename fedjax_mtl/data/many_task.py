@@ -46,6 +46,7 @@ Random streams: task allocation ``[seed, 0]``, task t's data split
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import numbers
 from typing import Sequence
@@ -252,3 +253,31 @@ def sample_participants(num_clients: int, xi: float, round: int, seed: int = 0) 
     return np.arange(num_clients)
   rng = np.random.default_rng([int(seed), _ROUND_STREAM, r])
   return np.sort(rng.choice(num_clients, size=m, replace=False))
+
+
+def conflict_groups(clusters: Sequence[Sequence[str]], level: int, num_clients: int,
+                    group_size: int = 3) -> list[list[str]]:
+  """MaTU Fig. 6a's conflict groups: up to `num_clients` groups of `group_size` tasks
+  spanning max(level, 1) of the task `clusters` (level 0: one cluster, no conflict;
+  2: two; 3: three), chosen greedily (in `itertools.combinations` order) to cover
+  the most tasks not yet held; once every task such groups can hold is held, no
+  more are added (clients take the groups in turn, `grouped_tasks`)."""
+  spans = 1 if level == 0 else level
+  if level == 1 or not 1 <= spans <= len(clusters):
+    raise ConfigError(f'conflict level {level} needs {spans} clusters; the relatedness file '
+                      f'has {len(clusters)}; valid levels: 0, '
+                      + ', '.join(str(c) for c in range(2, len(clusters) + 1)))
+  where = {t: i for i, c in enumerate(clusters) for t in c}
+  tasks = [t for c in clusters for t in c]
+  combos = [g for g in itertools.combinations(tasks, group_size)
+            if len({where[t] for t in g}) == spans]
+  if not combos:
+    raise ConfigError(f'no group of {group_size} tasks spans {spans} clusters of {clusters}')
+  groups, held = [], set()
+  while len(groups) < num_clients:
+    best = max(combos, key=lambda g: (len(set(g) - held), -combos.index(g)))
+    if not set(best) - held:  # everything coverable is held: repeat the groups
+      break
+    groups.append(list(best))
+    held |= set(best)
+  return groups

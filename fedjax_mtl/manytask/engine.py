@@ -127,11 +127,12 @@ def _client_segments(clients: jax.Array) -> jax.Array:
 def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
                lr: float, batch_size: int, local_epochs: int, local_steps: int,
                heads: np.ndarray | None = None, origin: dict | None = None):
-  """Jitted `(state, backbone, slots [S], images, labels) -> (state, outputs)`.
+  """Jitted `(state, backbone, slots [S], rows [S, max_n], images, labels) -> (state,
+  outputs)`.
 
-  `images` uint8 [n, R, R, 3] / `labels` int32 [n]: every task's training set
-  concatenated (`setting.train_offsets`); `slots`: the round's pair ids. The
-  state is donated. Outputs: per slot 'loss', 'steps', 'finite' (loss and
+  `slots`: the round's pair ids; `rows`: each slot's sample indices into `images`
+  uint8 [n, R, R, 3] / `labels` int32 [n] (`feed.RoundFeed`: every task's training
+  set, or the round's samples). The state is donated. Outputs: per slot 'loss', 'steps', 'finite' (loss and
   trained params), 'agg_finite' and the server's logs. `heads`: frozen zero-shot
   heads (`model_lib.make_forward`). `origin`: the trainable leaves' shared
   initialisation (θ_p's trainable part), which the server sees as
@@ -142,7 +143,6 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   pair_task = jnp.asarray(setting.pair_task)
   pair_counts = jnp.asarray(setting.pair_counts)
   pair_client = jnp.asarray(np.append(setting.pairs[:, 0], -1).astype(np.int32))
-  table = jnp.asarray(setting.index_table)
   num_tasks, s = setting.num_tasks, setting.num_slots
   steps_per_epoch = max(1, math.ceil(int(setting.counts.max()) / batch_size))
   axes = _axes(where)
@@ -158,8 +158,8 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
 
   grad_fn = jax.value_and_grad(loss_fn)
 
-  def train_slot(start, backbone, pair, key, images, labels):
-    idx, mask = _plan(table[pair], pair_counts[pair], key, local_epochs, steps_per_epoch,
+  def train_slot(start, backbone, pair, row, key, images, labels):
+    idx, mask = _plan(row, pair_counts[pair], key, local_epochs, steps_per_epoch,
                       local_steps, batch_size)
     task = pair_task[pair]
     params = jax.tree.map(jnp.asarray, start)
@@ -176,7 +176,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
     steps = jnp.sum(mask)
     return params, jnp.sum(losses) / jnp.maximum(steps, 1), steps
 
-  def round_fn(state: ManyState, backbone, slots, images, labels):
+  def round_fn(state: ManyState, backbone, slots, rows, images, labels):
     task = pair_task[slots]
     counts = pair_counts[slots]
     start = {**state.shared,
@@ -184,8 +184,8 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
              **{k: v[slots] for k, v in state.pair_rows.items()}}
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(state.rng, state.round),
                                                  i))(slots)
-    trained, loss, steps = jax.vmap(train_slot, in_axes=(axes, None, 0, 0, None, None))(
-        start, backbone, slots, keys, images, labels)
+    trained, loss, steps = jax.vmap(train_slot, in_axes=(axes, None, 0, 0, 0, None, None))(
+        start, backbone, slots, rows, keys, images, labels)
     uploads, _ = jax.vmap(client.finalize, in_axes=(0, axes, None))(trained, start, ())
     full_start = {k: (jnp.broadcast_to(v, (s,) + v.shape) if axes[k] is None else v)
                   for k, v in start.items()}

@@ -40,6 +40,7 @@ from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.local import make_optimizer
 from fedjax_mtl.manytask import engine, pretrain
+from fedjax_mtl.manytask.feed import RoundFeed
 from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask import setting as setting_lib
 from fedjax_mtl.models import vit
@@ -265,8 +266,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
       if os.path.exists(path):
         os.remove(path)
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  train_images, train_labels, _ = _concat(run.data.train)
-  train_images, train_labels = jax.device_put((train_images, train_labels))
+  feed = RoundFeed(run.setting, *_concat(run.data.train)[:2], config.many.feed)
   test = jax.device_put(_concat(run.data.test))
   bits = upload_bits(run)
   schedule = jnp.asarray(run.setting.schedule)
@@ -276,8 +276,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     for rnd in range(start + 1, total + 1):
       t0 = time.perf_counter()
       slots = run.setting.schedule[rnd - 1]
-      state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], train_images,
-                                train_labels)
+      state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], *feed(rnd - 1))
       out = jax.device_get(out)
       bad = [run.setting.pair_name(p) for p, ok, real in zip(slots, out['finite'], out['real'])
              if real and not ok]

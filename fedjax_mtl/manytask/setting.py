@@ -38,6 +38,9 @@ def default_config() -> ml_collections.ConfigDict:
       # e.g. 'digits+digits_perm+shapes;colors+gratings+texture_freq' (Fig. 6a)
       'tasks_per_client': 0,
       'client_tasks': '',
+      # 'device': every training image on the device once; 'round': only the round's
+      # pairs' samples, gathered each round (manytask/feed.py; the real 8 tasks at 224)
+      'feed': 'device',
       'participation': 1.0,  # ξ: fraction of clients per round
       'local_epochs': 1,  # per pair per round (0 when local_steps is set)
       'local_steps': 0,  # > 0: this many steps per pair per round instead of epochs
