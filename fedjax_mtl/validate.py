@@ -245,7 +245,7 @@ FIELDS: dict[str, Field] = {
                       unit(True)),
     'matu.eps': Field('MaTU: similarity threshold ε of the similar-task sets', unit(True)),
     'matu.kappa': Field('MaTU: at most κ similar tasks per task (3 for 8 tasks, 5 for 30)',
-                        at_least(0)),
+                        at_least(1)),
     'matu.combine': Field("MaTU: same-task + cross-task vector: 'sum' (Eq. 7 as printed) or "
                           "'avg' (the paper's Overview: their average)", choices=_matu_combines),
     'matu.cross': Field("MaTU cross-task aggregation: 'similarity' (Eq. 6), 'none' or "

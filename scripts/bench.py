@@ -15,6 +15,8 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=top_rho        # FedDEA's top-ρ mask vs FedAvg and a sort, K = 4, 5
                                                   # (and dea_engine after it)
     python scripts/bench.py --only=dea_engine     # the engine's aggregation: FedAvg vs dea(fedavg)
+    python scripts/bench.py --only=matu_server    # MaTU's server at N = 30, ViT-B/32 LoRA, vs MaT-FL
+    python scripts/bench.py --only=matu_client    # MaTU's unify/mask/rescale vs a mini8 round
     python scripts/bench.py --only=memory         # one client's step memory, Swin-T and ResNet-18, 512
 
 All ratios compare measurements from one run in one process. Timings are taken
@@ -803,6 +805,117 @@ def bench_vit_lora(repeats: int = 3) -> dict:
   return {'step_s': best, 'images_per_s': 32 / best}
 
 
+def _adapter_views(model: str = 'vit_b32', resolution: int = 224, rank: int = 16):
+  """(trainable flat dict, roles) of the many-task ViT with LoRA on q/v (heads excluded)."""
+  import ml_collections
+  from fedjax_mtl.manytask import model as many_model
+  from fedjax_mtl.models import vit
+  cfg = ml_collections.ConfigDict({'model': model, 'resolution': resolution,
+                                   'lora_rank': rank, 'lora_alpha': 0.0, 'lora_seed': 0})
+  m = many_model.make_model(cfg, 10)
+  shapes = jax.eval_shape(lambda: vit.init_params(m, jax.random.PRNGKey(0)))
+  _, trainable = many_model.split(shapes)
+  roles = many_model.roles(trainable)
+  keep = {k: v for k, v in trainable.items() if roles[k] != 'head'}
+  return keep, {k: roles[k] for k in keep}
+
+
+def matu_server_inputs(assignment: np.ndarray, trainable: dict, roles: dict, seed: int = 0):
+  """ServerInputs of one many-task round where every client of `assignment` [N, T]
+  takes part: one row per (client, task) pair, random trained adapters around a
+  random origin, as `manytask.engine.make_round` hands them to the server."""
+  from fedjax_mtl.algorithms.base import ServerInputs, role_view
+  pairs = np.argwhere(assignment)  # client-major
+  s = len(pairs)
+  key = jax.random.PRNGKey(seed)
+  origin = {k: jax.random.normal(jax.random.fold_in(key, i), v.shape, jnp.float32)
+            for i, (k, v) in enumerate(sorted(trainable.items()))}
+  local = {k: origin[k][None] + 1e-3 * jax.random.normal(jax.random.fold_in(key, 1000 + i),
+                                                         (s,) + v.shape, jnp.float32)
+           for i, (k, v) in enumerate(sorted(trainable.items()))}
+  first = {c: i for i, c in reversed(list(enumerate(pairs[:, 0].tolist())))}
+  shared = ('encoder', 'decoder')
+  return ServerInputs(
+      prev={r: role_view(local, roles, r) for r in shared},
+      local={r: role_view(local, roles, r) for r in shared},
+      num_examples=jnp.asarray(np.random.default_rng(seed).integers(50, 500, s), jnp.float32),
+      num_steps=jnp.ones(s, jnp.int32), client_ids=jnp.arange(s, dtype=jnp.int32),
+      round=jnp.int32(0), row_valid=jnp.ones(s, bool),
+      row_client=jnp.asarray([first[c] for c in pairs[:, 0]], jnp.int32),
+      row_task=jnp.asarray(pairs[:, 1], jnp.int32),
+      origin={r: role_view(origin, roles, r) for r in shared})
+
+
+def bench_matu_server(repeats: int = 5, num_clients: int = 30,
+                      settings=((8, 0.0), (8, 0.5), (30, 0.2))) -> dict:
+  """MaTU's server step as the many-task round runs it (`algorithms.matu` server:
+  client unification, the stateless server, recovery; jitted) at the paper's scale:
+  ViT-B/32 LoRA r = 16 adapters (589,824 values), N = 30 clients all taking part,
+  T tasks allocated by Dirichlet(ζ_t) (ζ_t = 0: one task per client); and MaT-FL's
+  server (3 clusters) on the same rows. Best of `repeats` seconds per call."""
+  import ml_collections
+  from fedjax_mtl import algorithms
+  from fedjax_mtl.algorithms.base import ServerState
+  from fedjax_mtl.data import many_task
+  trainable, roles = _adapter_views()
+  out = {'adapter_params': sum(int(np.prod(v.shape)) for v in trainable.values())}
+  for t, zeta in settings:
+    a = many_task.assign_tasks(num_clients, t, zeta, seed=0)
+    x = matu_server_inputs(a, trainable, roles)
+    s = int(a.sum())
+    info = algorithms.FedInfo(num_clients=s, num_decoders=s, decoder_client=tuple(range(s)),
+                              decoder_names=(), client_names=(), homo_groups=(s,),
+                              num_tasks=t)
+    cfg = ml_collections.ConfigDict({'matfl': {'mode': 'hard', 'num_clusters': 3, 'th': 0.0}})
+    name = f'T{t}_zeta{zeta:g}'
+    out[f'{name}_rows'] = s
+    for alg_name in ('matu', 'matfl'):
+      alg = algorithms.get_algorithm(alg_name, info, cfg)
+      fn = jax.jit(lambda x, alg=alg: alg.server.apply(ServerState(), x)[0])
+      jax.block_until_ready(fn(x))
+      out[f'{name}_{alg_name}_s'] = _timeit(lambda: jax.block_until_ready(fn(x)), repeats)
+    print(out, flush=True)
+  return out
+
+
+def bench_matu_client(repeats: int = 3) -> dict:
+  """MaTU's client-side unify / mask / rescale against a whole local round, on
+  mini8 (`configs/matu.py:mini8,table=2`: 10 clients, ζ_t = 0.5): the round
+  program as the engine runs it (training of every pair + the MaTU server), and
+  `matu_math.unify` alone on the same [S, d] rows and client segments."""
+  from fedjax_mtl import config_doc
+  from fedjax_mtl.algorithms import matu_math
+  from fedjax_mtl.manytask import run as many_run
+  from fedjax_mtl.manytask.feed import RoundFeed
+  cfg = config_doc.load_config('configs/matu.py:mini8,table=2')
+  run = many_run.build(cfg)
+  images, labels, _ = many_run._concat(run.data.train)
+  feed = RoundFeed(run.setting, images, labels, 'device')
+  slots = jnp.asarray(run.setting.schedule[0])
+  holder = {'state': many_run.init_state(run)}
+
+  def one_round():
+    holder['state'], out = run.round_fn(holder['state'], run.backbone, slots, *feed(0))
+    jax.block_until_ready(out['loss'])
+
+  one_round()
+  round_s = _timeit(one_round, repeats)
+  st = run.setting
+  s = st.num_slots
+  d = sum(int(np.prod(v.shape)) for k, v in run.trainable.items() if run.roles[k] != 'head')
+  pairs = st.schedule[0]
+  clients = np.where(pairs < st.num_pairs, np.append(st.pairs[:, 0], -1)[pairs], -1)
+  group = jnp.asarray([np.flatnonzero(clients == c)[0] if c >= 0 else i
+                       for i, c in enumerate(clients)], jnp.int32)
+  vec = jax.random.normal(jax.random.PRNGKey(0), (s, d), jnp.float32)
+  valid = jnp.asarray(pairs < st.num_pairs)
+  unify = jax.jit(matu_math.unify)
+  jax.block_until_ready(unify(vec, group, valid))
+  unify_s = _timeit(lambda: jax.block_until_ready(unify(vec, group, valid)), repeats * 3)
+  return {'slots': s, 'adapter_params': d, 'round_s': round_s, 'unify_s': unify_s,
+          'unify_share': unify_s / round_s}
+
+
 def bench_many_memory(slots=(1, 6), model: str = 'vit_b32', resolution: int = 224,
                       batch: int = 32, algorithm: str = 'fedavg') -> dict:
   """Memory of the many-task round (`fedjax_mtl/manytask`) at MaTU's scale: ViT-B/32
@@ -1010,7 +1123,8 @@ def main(argv=None):
   p.add_argument('--only', default='all',
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
-                          'memory', 'unified_memory', 'many_memory', 'vit_lora', 'all'],
+                          'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
+                          'matu_client', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -1084,6 +1198,10 @@ def main(argv=None):
                          for k, v in bench_swin_memory(encoder=e).items()}
   if a.only == 'vit_lora':  # not in 'all': a ViT-B/32 step at 224
     results['vit_lora'] = bench_vit_lora(a.repeats)
+  if a.only == 'matu_server':  # not in 'all': paper-scale adapter rows (up to 0.5 GB)
+    results['matu_server'] = bench_matu_server()
+  if a.only == 'matu_client':  # not in 'all': a mini8 round
+    results['matu_client'] = bench_matu_client()
   if a.only == 'many_memory':  # not in 'all': compiles of ViT-B/32 rounds at 224
     results['many_memory'] = bench_many_memory()
   if a.only == 'unified_memory':  # not in 'all': Swin-T / ResNet-18 rounds at the paper's sizes

@@ -478,3 +478,17 @@ def test_round_feed_gives_the_device_feed_bitwise(tmp_path):
       n = st.counts[p]
       np.testing.assert_array_equal(np.asarray(imgs)[np.asarray(rows)[i, :n]],
                                     images[st.index_table[p, :n]])
+
+
+@pytest.mark.parametrize('over,message', [
+    ({'matu.kappa': 0}, 'matu.kappa=0 is out of range; valid range: kappa >= 1'),
+    ({'matu.eps': 1.5}, 'matu.eps=1.5 is out of range'),
+    ({'matu.rho': -0.1}, 'matu.rho=-0.1 is out of range'),
+    ({'matu.combine': 'mean'}, "valid choices: 'sum', 'avg'"),
+    ({'many.client_tasks': 'digits+shapes;+'}, 'task groups must be non-empty'),
+])
+def test_matu_bad_input_is_one_line_and_writes_nothing(tmp_path, over, message):
+  with pytest.raises(ConfigError) as e:
+    train.train_and_evaluate(_matu(**over), str(tmp_path / 'w'))
+  assert message in str(e.value) and '\n' not in str(e.value)
+  assert not (tmp_path / 'w').exists()

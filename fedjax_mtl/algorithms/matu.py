@@ -105,7 +105,8 @@ def build(info: FedInfo, config=None) -> Algorithm:
   if not 0. <= float(cfg.eps) <= 1.:
     raise ConfigError(f'matu.eps={cfg.eps} is out of range; valid range: 0 <= eps <= 1 '
                       '(the sign similarity lies in [0, 1])')
-  if int(cfg.kappa) < 0:
-    raise ConfigError(f'matu.kappa={cfg.kappa} is negative; valid range: kappa >= 0')
+  if int(cfg.kappa) < 1:
+    raise ConfigError(f'matu.kappa={cfg.kappa} is out of range; valid range: kappa >= 1 '
+                      "(matu.cross='none' turns the cross-task vector off)")
   return Algorithm(name='matu', client=Client(), server=server(cfg, info.num_tasks),
                    roles={'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'})

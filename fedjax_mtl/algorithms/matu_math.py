@@ -58,17 +58,23 @@ def unify(vectors: jax.Array, group: jax.Array, valid: jax.Array, tie: str = 'em
   has), `masks[i]` and `lambdas[i]` row i's mask and rescaler against its group's."""
   s = vectors.shape[0]
   v = jnp.where(valid[:, None], vectors, 0.)
-  total = jnp.dot(_onehot(group, s, valid), v, precision=_HI)
+  # Segment sums and maxima are scatters (O(S d)); a one-hot matmul would cost S² d.
+  total = jax.ops.segment_sum(v, group, num_segments=s)
   sigma = _sign(total, tie)
   agree = v * sigma[group] > 0
   mu = jax.ops.segment_max(jnp.where(agree, jnp.abs(v), 0.), group, num_segments=s)
   unified = sigma * jnp.maximum(mu, 0.)
   mine = unified[group]
   masks = (v * mine > 0) & valid[:, None]
-  kept = jnp.sum(jnp.abs(jnp.where(masks, mine, 0.)), axis=1)
-  lambdas = jnp.where(kept > 0, jnp.sum(jnp.abs(v), axis=1) / jnp.where(kept > 0, kept, 1.),
-                      0.)
+  kept = _row_sums(jnp.abs(jnp.where(masks, mine, 0.)))
+  lambdas = jnp.where(kept > 0, _row_sums(jnp.abs(v)) / jnp.where(kept > 0, kept, 1.), 0.)
   return unified, masks, jnp.where(valid, lambdas, 0.)
+
+
+def _row_sums(x: jax.Array) -> jax.Array:
+  """[S] sums over each row, as a matrix-vector product (XLA:CPU vectorises float
+  reductions as dots, not as reduces)."""
+  return jnp.dot(x, jnp.ones((x.shape[1],), x.dtype), precision=_HI)
 
 
 def reconstruct(unified: jax.Array, group: jax.Array, masks: jax.Array,
@@ -129,8 +135,8 @@ def server(unified: jax.Array, group: jax.Array, masks: jax.Array, lambdas: jax.
     new = jnp.where(tot > 0, 0.5 * (t_hat + t_cross / jnp.where(tot > 0, tot, 1.)), t_hat)
   new = jnp.where(present[:, None], new, 0.)
   logs = {'matu_similarity': sim, 'matu_cross_weights': cw,
-          'matu_tau_l1': jnp.sum(jnp.abs(new), axis=1), 'matu_present': present,
-          'matu_agree': jnp.sum(jnp.where(present[:, None], alpha >= rho, False), axis=1)
+          'matu_tau_l1': _row_sums(jnp.abs(new)), 'matu_present': present,
+          'matu_agree': _row_sums((present[:, None] & (alpha >= rho)).astype(jnp.float32))
                         / unified.shape[1]}
   return new, present, logs
 
