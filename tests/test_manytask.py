@@ -49,6 +49,13 @@ def fedavg_run():
   return run_lib.build(tiny())
 
 
+@pytest.fixture(scope='module')
+def local_round1():
+  """(state, outputs) of round 1 under Local: the slots' trained rows, from the same
+  start and data order as every algorithm's round 1 on `tiny()`."""
+  return _round1(run_lib.build(tiny('local')))
+
+
 def test_schedule_is_fixed_size_and_lists_every_participant_pair(fedavg_run):
   st = fedavg_run.setting
   m = st.num_pairs
@@ -91,17 +98,16 @@ def _round1(run):
                       *RoundFeed(run.setting, images, labels, 'device')(0))
 
 
-def test_fedavg_round_is_the_weighted_mean_of_the_local_round(fedavg_run):
+def test_fedavg_round_is_the_weighted_mean_of_the_local_round(fedavg_run, local_round1):
   """Round 1 trains the same slots from the same start under FedAvg and Local, so
   FedAvg's adapters are the examples-weighted mean of Local's trained rows, each
   task's head the mean over that task's slots; padding slots weigh nothing."""
-  local = run_lib.build(tiny('local'))
   st = fedavg_run.setting
   slots = st.schedule[0]
   real = slots < st.num_pairs
   w = st.pair_counts[slots].astype(np.float64)
   avg, _ = _round1(fedavg_run)
-  loc, out = _round1(local)
+  loc, out = local_round1
   assert out['real'].tolist() == real.tolist() and (out['steps'][real] > 0).all()
   trained = {k: np.asarray(v)[slots] for k, v in loc.pair_rows.items()}
   for k, v in avg.shared.items():
@@ -297,7 +303,7 @@ def test_matfl_grouping_ignores_padding_rows(mode):
   np.testing.assert_array_equal(labels[valid], aux_sub['labels'])
 
 
-def test_matfl_round_groups_the_pairs_of_the_local_round():
+def test_matfl_round_groups_the_pairs_of_the_local_round(local_round1):
   """MaT-FL in the many-task round: every leaf per pair; each real slot's adapters
   become its group's mix of the slots' trained adapters (those of the Local round
   from the same start), the padding slot joins no group."""
@@ -310,7 +316,7 @@ def test_matfl_round_groups_the_pairs_of_the_local_round():
   slots = st.schedule[0]
   real = slots < st.num_pairs
   assert not real.all()  # the test needs a padding slot
-  loc, _ = _round1(run_lib.build(tiny('local')))
+  loc, _ = local_round1
   grouped, out = _round1(run)
   enc = [k for k, r in run.roles.items() if r == 'encoder']
   trained = {k: jnp.asarray(np.asarray(loc.pair_rows[k])[slots]) for k in enc}
@@ -334,7 +340,7 @@ def _flat(rows: dict, keys: list) -> np.ndarray:
                          for k in keys], axis=1)
 
 
-def test_matu_round_is_the_matu_math_of_the_local_round():
+def test_matu_round_is_the_matu_math_of_the_local_round(local_round1):
   """MaTU in the many-task round: the slots' task vectors (the Local round's trained
   adapters minus the shared LoRA init) go through client unification, the stateless
   server and recovery (`matu_math.round_update`, tested against a NumPy oracle in
@@ -348,7 +354,7 @@ def test_matu_round_is_the_matu_math_of_the_local_round():
   slots = st.schedule[0]
   real = slots < st.num_pairs
   assert not real.all() and len(set(st.pairs[slots[real], 0])) < real.sum()  # padding, k_n > 1
-  loc, _ = _round1(run_lib.build(tiny('local')))
+  loc, _ = local_round1
   new, out = _round1(run)
   assert new.server == () and jax.tree.leaves(new.server) == []
   keys = sorted(k for k in run.roles if run.roles[k] != 'head')
@@ -457,23 +463,23 @@ def test_matu_config_variants():
     mod.get_config('paper,table=fig9')
 
 
-def test_round_feed_gives_the_device_feed_bitwise(tmp_path):
+def test_round_feed_gives_the_device_feed_bitwise(fedavg_run):
   """`many.feed='round'` (only the round's samples on the device, renumbered) trains
-  exactly as the whole training set on the device: bitwise the same state."""
-  states = {}
-  for feed in ('device', 'round'):
-    out = train.train_and_evaluate(tiny(**{'many.feed': feed}), str(tmp_path / feed))
-    states[feed] = jax.device_get(out['state'])
-  jax.tree.map(np.testing.assert_array_equal, states['device'], states['round'])
+  exactly as the whole training set on the device: bitwise the same round."""
   from fedjax_mtl.manytask.feed import RoundFeed
-  from fedjax_mtl.manytask.run import _concat
-  run = run_lib.build(tiny())
+  from fedjax_mtl.manytask.run import _concat, init_state
+  run = fedavg_run
   images, labels, _ = _concat(run.data.train)
-  feed = RoundFeed(run.setting, images, labels, 'round')
-  rows, imgs, labs = feed(0)
+  slots = jnp.asarray(run.setting.schedule[1])
+  got = {}
+  for mode in ('device', 'round'):
+    feed = RoundFeed(run.setting, images, labels, mode)
+    got[mode] = jax.device_get(run.round_fn(init_state(run), run.backbone, slots, *feed(1)))
+  jax.tree.map(np.testing.assert_array_equal, got['device'], got['round'])
+  rows, imgs, _ = feed(1)
   assert imgs.shape[0] == feed.size < len(images)  # a part of the training set
   st = run.setting
-  for i, p in enumerate(st.schedule[0]):
+  for i, p in enumerate(st.schedule[1]):
     if p < st.num_pairs:
       n = st.counts[p]
       np.testing.assert_array_equal(np.asarray(imgs)[np.asarray(rows)[i, :n]],
