@@ -498,3 +498,12 @@ def test_matu_bad_input_is_one_line_and_writes_nothing(tmp_path, over, message):
     train.train_and_evaluate(_matu(**over), str(tmp_path / 'w'))
   assert message in str(e.value) and '\n' not in str(e.value)
   assert not (tmp_path / 'w').exists()
+
+
+def test_matu_divergence_names_the_pair_and_the_sum_combine(tmp_path):
+  from fedjax_mtl.errors import DivergedError
+  with pytest.raises(DivergedError) as e:
+    train.train_and_evaluate(_matu(**{'optim.lr': 3e38}), str(tmp_path / 'w'))
+  msg = str(e.value)
+  assert 'round 1: non-finite' in msg and "matu.combine='avg'" in msg and '\n' not in msg
+  assert 'client' in msg or 'aggregated' in msg

@@ -72,9 +72,9 @@ def unify(vectors: jax.Array, group: jax.Array, valid: jax.Array, tie: str = 'em
 
 
 def _row_sums(x: jax.Array) -> jax.Array:
-  """[S] sums over each row, as a matrix-vector product (XLA:CPU vectorises float
-  reductions as dots, not as reduces)."""
-  return jnp.dot(x, jnp.ones((x.shape[1],), x.dtype), precision=_HI)
+  """[S] sums over each row: a reduction over the minor axis, which XLA fuses with
+  the elementwise work that produces `x` (no [S, d] temporary)."""
+  return jnp.sum(x, axis=1)
 
 
 def reconstruct(unified: jax.Array, group: jax.Array, masks: jax.Array,

@@ -175,6 +175,15 @@ def init_state(run: Run) -> engine.ManyState:
                            server.shared)
 
 
+def _divergence_hint(config) -> str:
+  """What to try when a round goes non-finite."""
+  if (algorithms.parse(config.algorithm)[-1] == 'matu'
+      and config.get('matu', {}).get('combine', 'sum') == 'sum'):
+    return ("MaTU's Eq. 7 sum adds the similar tasks' cumulative vectors every round and "
+            "can grow without bound (metrics.jsonl: matu_tau_l1); try matu.combine='avg'")
+  return 'lower optim.lr or check the data'
+
+
 def upload_bits(run: Run) -> np.ndarray:
   """[M + 1] bits each pair uploads per round (module docstring); the dummy 0."""
   shared = set(run.algorithm.shared_roles)
@@ -284,7 +293,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
         what = (f'training loss or parameters of {", ".join(bad)}' if bad
                 else 'aggregated parameters or server state')
         raise DivergedError(f'round {rnd}: non-finite {what} ({config.algorithm}); the round '
-                            'was not saved; lower optim.lr or check the data')
+                            f'was not saved; {_divergence_hint(config)}')
       real = out['real']
       round_bits = bits[slots][real]
       rows = [{'round': rnd, 'type': 'train', 'client': f'client{run.setting.pairs[p][0]}',
