@@ -461,6 +461,33 @@ def test_matu_config_variants():
   assert c.algorithm == 'matu' and c.many.benchmark == 'mini8' and c.matu.combine == 'sum'
   with pytest.raises(ValueError, match="unknown table 'fig9'"):
     mod.get_config('paper,table=fig9')
+  with pytest.raises(ValueError, match='30-task benchmark'):
+    mod.get_config('paper,table=fig5')
+  c = mod.get_config('mini8,table=fig5,k=4')
+  assert (c.many.tasks_per_client, c.many.num_clients, c.many.participation) == (4, 10, 1.0)
+
+
+def test_matu_fig6_config_groups_from_a_relatedness_file(tmp_path):
+  import importlib.util
+  import json as json_lib
+  spec = importlib.util.spec_from_file_location(
+      'cfg_matu', os.path.join(os.path.dirname(__file__), '..', 'configs', 'matu.py'))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  rel = tmp_path / 'relatedness.json'
+  rel.write_text(json_lib.dumps({'clusters': [['digits', 'digits_perm', 'digits_clutter'],
+                                              ['shapes', 'colors', 'count_dots'],
+                                              ['gratings', 'texture_freq']]}))
+  c = mod.get_config(f'paper,table=fig6a,conflict=2,relatedness={rel}')
+  assert (c.num_rounds, c.many.num_clients, c.many.benchmark) == (300, 10, 'tfds8')
+  c = mod.get_config(f'mini8,table=fig6b,conflict=0,relatedness={rel}')
+  groups = [g.split('+') for g in c.many.client_tasks.split(';')]
+  assert groups == [['digits', 'digits_perm', 'digits_clutter'],
+                    ['shapes', 'colors', 'count_dots']]
+  assert c.many.tasks.split(',') == sorted(t for g in groups for t in g)
+  run_lib.check(c)  # the groups and the task subset agree
+  with pytest.raises(ValueError, match='need relatedness='):
+    mod.get_config('mini8,table=fig6a,conflict=2')
 
 
 def test_round_feed_gives_the_device_feed_bitwise(fedavg_run):
