@@ -274,8 +274,8 @@ MANY_TASK_FIELDS = {
     'setting': Field("dense (FedHCA2's hetero-client dense prediction) or many_task "
                               '(ViT + LoRA classification, fedjax_mtl/manytask)',
                               choices=lambda: ('dense', 'many_task')),
-    'many.benchmark': Field('many_task: mini8 (offline) or tfds8 (the real 8 tasks)',
-                                     choices=_benchmarks),
+    'many.benchmark': Field('many_task: mini8 (offline), tfds8 (the real 8 tasks) or folder30 '
+                            "(MaTU's 30 tasks as ImageFolder trees)", choices=_benchmarks),
     'many.tasks': Field("many_task: comma-separated subset of the benchmark's tasks "
                                  "('' = all)"),
     'many.num_clients': Field('many_task: clients N', at_least(1)),
@@ -310,7 +310,8 @@ MANY_TASK_FIELDS = {
     'many.num_test': Field('many_task: test examples per task (0 = all)',
                                     at_least(0)),
     'many.data_dir': Field("many_task tfds8: TFDS data dir ('' = $TFDS_DATA_DIR or "
-                                    '~/tensorflow_datasets)'),
+                           "~/tensorflow_datasets); folder30: the folder of <task>/train and "
+                           "<task>/test ('' = $FEDJAX_MTL_FOLDER30_DIR)"),
     'many.heads': Field("many_task: '' (a trained linear head per task) or the .npz of "
                         'scripts/zeroshot_heads.py (frozen zero-shot heads, CLIP towers)'),
     'many.pretrained': Field("many_task: backbone: 'warmup' (mini8's cached warm-up), "

@@ -154,3 +154,41 @@ def test_normalize_numpy_and_float_inputs():
   i = imagefolder.normalize(x, 'imagenet')
   np.testing.assert_allclose(i[0, 0, 0], -np.array(ip.NORMALIZATION['imagenet'][0])
                              / ip.NORMALIZATION['imagenet'][1], rtol=1e-5)
+
+
+def _write_task(root, classes: int, per_class: dict):
+  """An ImageFolder task: <root>/<split>/class<k>/<i>.png, colour-coded by class."""
+  for split, n in per_class.items():
+    for k in range(classes):
+      d = root / split / f'class{k}'
+      d.mkdir(parents=True)
+      for i in range(n):
+        Image.new('RGB', (20, 24), _colour(k, i)).save(d / f'{i}.png')
+
+
+def test_folder30_benchmark_runs_matus_fig5_setting(tmp_path):
+  """folder30 (MaTU's 30 tasks as ImageFolder trees): class counts come from the
+  train folders, `configs/matu.py:paper,table=fig5` (shrunk) trains on two of them,
+  and a missing task or data dir is one error line."""
+  from conftest import override
+  from fedjax_mtl import config_doc, train
+  from fedjax_mtl.data import folder30
+  from fedjax_mtl.errors import ConfigError
+  _write_task(tmp_path / 'beans', 3, {'train': 8, 'test': 2})
+  _write_task(tmp_path / 'weather', 4, {'train': 6, 'test': 2})
+  assert folder30.num_classes('beans', str(tmp_path)) == 3
+  images, labels = folder30.load('weather', 'test', data_dir=str(tmp_path), resolution=16)
+  assert images.shape == (8, 16, 16, 3) and sorted(set(labels.tolist())) == [0, 1, 2, 3]
+  cfg = config_doc.load_config('configs/matu.py:paper,table=fig5,k=2')
+  cfg = override(cfg, **{'many.data_dir': str(tmp_path), 'many.tasks': 'beans,weather',
+                         'many.model': 'vit_micro', 'many.resolution': 16, 'many.lora_rank': 2,
+                         'many.pretrained': '', 'many.num_clients': 2,
+                         'many.class_split': 'iid', 'num_rounds': 1, 'eval_every': 1,
+                         'batch_size': 4, 'eval_batch_size': 8, 'progress': False})
+  out = train.train_and_evaluate(cfg, str(tmp_path / 'w'))
+  assert {r['task'] for r in out['eval']} == {'beans', 'weather'}
+  with pytest.raises(ConfigError, match="folder30 task 'cifar10' is missing") as e:
+    folder30.load('cifar10', data_dir=str(tmp_path))
+  assert '\n' not in str(e.value)
+  with pytest.raises(ConfigError, match='needs its folder'):
+    folder30.resolve_data_dir('')

@@ -461,8 +461,11 @@ def test_matu_config_variants():
   assert c.algorithm == 'matu' and c.many.benchmark == 'mini8' and c.matu.combine == 'sum'
   with pytest.raises(ValueError, match="unknown table 'fig9'"):
     mod.get_config('paper,table=fig9')
-  with pytest.raises(ValueError, match='30-task benchmark'):
-    mod.get_config('paper,table=fig5')
+  c = mod.get_config('paper,table=fig4')
+  assert (c.many.benchmark, c.many.num_clients, c.many.zeta_t, c.num_rounds, c.matu.kappa) == (
+      'folder30', 30, 0.2, 300, 5)
+  c = mod.get_config('paper,table=fig5,k=12')
+  assert (c.many.benchmark, c.many.tasks_per_client, c.many.num_clients) == ('folder30', 12, 10)
   c = mod.get_config('mini8,table=fig5,k=4')
   assert (c.many.tasks_per_client, c.many.num_clients, c.many.participation) == (4, 10, 1.0)
 

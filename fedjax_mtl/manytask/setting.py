@@ -27,7 +27,9 @@ CLASS_SPLITS = ('dirichlet', 'iid')
 def default_config() -> ml_collections.ConfigDict:
   """The `many` block (used when `setting='many_task'`)."""
   return ml_collections.ConfigDict({
-      'benchmark': 'mini8',  # 'mini8' (offline) or 'tfds8' (the real 8 tasks from TFDS)
+      # 'mini8' (offline), 'tfds8' (the real 8 tasks from TFDS) or 'folder30' (MaTU's
+      # 30 tasks as ImageFolder trees, data/folder30.py)
+      'benchmark': 'mini8',
       'tasks': '',  # comma-separated subset ('' = all)
       'num_clients': 10,
       'zeta_t': 0.0,  # task concentration (0: one task per client)
@@ -51,7 +53,9 @@ def default_config() -> ml_collections.ConfigDict:
       'lora_seed': 0,
       'num_train': 0,  # per task (0 = the whole split)
       'num_test': 0,
-      'data_dir': '',  # tfds8: the TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets)
+      # tfds8: the TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets);
+      # folder30: the folder of <task>/{train,test} ('' = $FEDJAX_MTL_FOLDER30_DIR)
+      'data_dir': '',
       # '' = a trained linear head per task; a .npz of scripts/zeroshot_heads.py = frozen
       # zero-shot heads (CLIP towers; NTKFedAvg's CLIP benchmark)
       'heads': '',
@@ -79,7 +83,11 @@ def selected_tasks(cfg) -> tuple[str, ...]:
   return tuple(t for t in tasks if t in chosen) if chosen else tasks
 
 
-def num_classes(benchmark: str, task: str) -> int:
+def num_classes(benchmark: str, task: str, data_dir: str = '') -> int:
+  """Classes of `task` (folder30: counted in `data_dir`'s train folders)."""
+  if benchmark == 'folder30':
+    from fedjax_mtl.data import folder30
+    return folder30.num_classes(task, data_dir or None)
   return {t.name: t.num_classes for t in tasks_lib.classification_tasks(benchmark)}[task]
 
 
@@ -96,6 +104,10 @@ def load_data(cfg, tasks: tuple[str, ...], seed: int) -> TaskData:
     num = int(num) or None
     if cfg.benchmark == 'mini8':
       return mini8.load(task, split, num, seed, resolution=int(cfg.resolution))
+    if cfg.benchmark == 'folder30':
+      from fedjax_mtl.data import folder30
+      return folder30.load(task, split, data_dir=cfg.data_dir or None,
+                           resolution=int(cfg.resolution), num=num, seed=seed)
     from fedjax_mtl.data import tfds_tasks
     return tfds_tasks.load(task, split, data_dir=cfg.data_dir or None,
                            resolution=int(cfg.resolution), num=num, seed=seed)
@@ -204,7 +216,8 @@ def build_setting(tasks: tuple[str, ...], data: TaskData, cfg, num_rounds: int,
   schedule = np.full((num_rounds, slots), len(pairs), np.int32)
   for r, p in enumerate(per_round):
     schedule[r, :len(p)] = p
-  return Setting(tasks=tasks, num_classes=tuple(num_classes(benchmark, t) for t in tasks),
+  return Setting(tasks=tasks,
+                 num_classes=tuple(num_classes(benchmark, t, cfg.data_dir) for t in tasks),
                  allocation=alloc, pairs=pairs, counts=counts, index_table=table,
                  train_offsets=offsets.astype(np.int64), participants=participants,
                  schedule=schedule)
