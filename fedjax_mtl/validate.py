@@ -252,6 +252,12 @@ FIELDS: dict[str, Field] = {
                         "'uniform' (Fig. 6b's variants)", choices=_matu_cross),
     'matu.tie': Field("MaTU unification of a zero sign sum: 'emr' (-1, EMR-Merging's code) "
                       "or 'zero' (sgn(0) = 0)", choices=_matu_ties),
+    'ntkfedavg.server_lr': Field('NTKFedAvg: server step α on the mean task vector, > 0',
+                                 above(0)),
+    'ntkfedavg.negate': Field("NTKFedAvg: clients whose task vectors are negated (federated "
+                              "unlearning), comma-separated ids ('' = none)"),
+    'ntkfedavg.linearize': Field('NTKFedAvg: clients train the NTK-linearised model (False: '
+                                 'the plain forward, FedAvg with this server)'),
     'hca2.encoder_agg': Field('FedHCA2 encoder aggregation (ablation: fedavg, none)',
                               choices=_encoder_rules),
     'hca2.decoder_agg': Field('FedHCA2 decoder aggregation (ablation: fedavg, none)',

@@ -26,7 +26,7 @@ import ml_collections
 
 from fedjax_mtl.algorithms import (ditto, enhance, fedacg, fedamp, fedavg, fedbabu, fedbn,
                                    feddyn, fedga, fednova, fedper, fedprox, fedsta, hca2, local,
-                                   matfl, matu, moon, plugin_math, rules)
+                                   matfl, matu, moon, ntkfedavg, plugin_math, rules)
 from fedjax_mtl.algorithms.base import (UNIFIED_MODES, Algorithm, Client, ClientCtx, FedInfo,
                                         Server, ServerInputs, ServerState, config_block,
                                         unified_mode)
@@ -43,6 +43,7 @@ ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
     'fedsta': fedsta.build,
     'matfl': matfl.build,
     'matu': matu.build,  # the many-task setting only
+    'ntkfedavg': ntkfedavg.build,  # the many-task setting for now
     'hca2': hca2.build,
     # FedDEA's plug-in bases (spec feddea §2.4).
     'fednova': fednova.build,

@@ -71,7 +71,7 @@ class ServerInputs(NamedTuple):
   local: Views  # what the clients uploaded (their params after local training)
   num_examples: jax.Array  # [N] float32, local training examples per client
   num_steps: jax.Array  # [N] int32, local steps each client actually took
-  client_ids: jax.Array  # [N] int32
+  client_ids: jax.Array  # [N] int32 (many-task rounds: the client of each pair, -1 padding)
   round: jax.Array  # 0-based index of the round being aggregated
   # [N] float32 summed task losses of each client's first local step (the model the
   # server sent, on one batch) and of its last real step (its trained model one
@@ -170,6 +170,18 @@ def plain_forward(apply: Callable, params: PyTree, start: PyTree, batch_stats: P
   """The model's own apply (the default `Client.forward`); `start` is unused."""
   del start
   return apply(params, batch_stats, image, key)
+
+
+def linearized_forward(apply: Callable, params: PyTree, start: PyTree, batch_stats: PyTree,
+                       image: jax.Array, key: jax.Array):
+  """The NTK-linearised apply around the round's start c (NTKFedAvg spec §2.3):
+  f(x; c) + J_c(x)(θ − c) by one `jax.jvp` (a forward and a tangent pass; its
+  gradient is reverse-over-forward). c is a constant (`stop_gradient`). For
+  applies that return one output pytree (the many-task round's logits)."""
+  c = jax.lax.stop_gradient(start)
+  delta = jax.tree.map(lambda p, c0: p - c0, params, c)
+  primal, tangent = jax.jvp(lambda p: apply(p, batch_stats, image, key), (c,), (delta,))
+  return jax.tree.map(jnp.add, primal, tangent)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,7 +150,10 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   client = alg.client
 
   def loss_fn(params, start, backbone, images, labels, task):
-    loss = model_lib.cross_entropy(forward(backbone, params, images, task), labels)
+    # The client part's forward (NTKFedAvg swaps in the linearised one around `start`).
+    logits = client.forward(lambda p, bs, x, key: forward(backbone, p, x, task), params, start,
+                            None, images, None)
+    loss = model_lib.cross_entropy(logits, labels)
     if client.loss is not None:
       loss = loss + client.loss(ClientCtx(params=params, start=start, state=(), server_rows={},
                                           labels=roles, batch={}))
@@ -192,7 +195,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
     x = ServerInputs(prev={r: role_view(full_start, roles, r) for r in shared},
                      local={r: role_view(uploads, roles, r) for r in shared},
                      num_examples=counts.astype(jnp.float32), num_steps=steps.astype(jnp.int32),
-                     client_ids=jnp.arange(s, dtype=jnp.int32), round=state.round,
+                     client_ids=pair_client[slots], round=state.round,
                      row_valid=counts > 0, row_client=_client_segments(pair_client[slots]),
                      row_task=task,
                      origin=None if origin is None else {r: role_view(origin, roles, r)

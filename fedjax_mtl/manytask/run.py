@@ -35,7 +35,7 @@ import numpy as np
 
 from fedjax_mtl import algorithms, report, validate
 from fedjax_mtl.algorithms import matu_math
-from fedjax_mtl.algorithms.base import role_view
+from fedjax_mtl.algorithms.base import config_block, role_view
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.local import make_optimizer
@@ -47,7 +47,7 @@ from fedjax_mtl.models import vit
 
 # algorithm -> whether its server gives every row of a shared role the same value
 SUPPORTED = {'fedavg': True, 'fedprox': True, 'fedper': True, 'local': True, 'matfl': False,
-             'matu': False}
+             'matu': False, 'ntkfedavg': True}
 
 
 def check(config) -> None:
@@ -64,6 +64,14 @@ def check(config) -> None:
   if (cfg.local_epochs > 0) == (cfg.local_steps > 0):
     raise ConfigError(f'many.local_epochs={cfg.local_epochs} and many.local_steps='
                       f'{cfg.local_steps}: set exactly one of them > 0')
+  if base == 'ntkfedavg':
+    from fedjax_mtl.algorithms import ntkfedavg
+    bad = [c for c in ntkfedavg.negated_clients(config_block(config, 'ntkfedavg',
+                                                                 ntkfedavg.default_config()))
+           if c >= cfg.num_clients]
+    if bad:
+      raise ConfigError(f'ntkfedavg.negate names client {bad[0]}, which does not exist; valid '
+                        f'ids: 0..{cfg.num_clients - 1}')
   tasks = setting_lib.selected_tasks(cfg)
   explicit = setting_lib.task_assignment(cfg, tasks, int(config.split_seed)) is not None
   if cfg.zeta_t == 0 and cfg.num_clients < len(tasks) and not explicit:

@@ -205,19 +205,42 @@ def _layer_norm_bwd(eps, res, g):
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def layer_norm_jvp(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                   eps: float = LN_EPS) -> jax.Array:
+  """`layer_norm` with a closed-form tangent rule instead of a custom backward, so
+  that forward mode works too (`jax.jvp`: NTK-linearised models); reverse mode
+  transposes the tangent rule and keeps the normalised input, 1/std and scale."""
+  return _layer_norm_fwd(x, scale, bias, eps)[0]
+
+
+@layer_norm_jvp.defjvp
+def _layer_norm_tangent(eps, primals, tangents):
+  x, scale, bias = primals
+  dx, dscale, dbias = tangents
+  y, (_, mean, rstd, _) = _layer_norm_fwd(x, scale, bias, eps)
+  xhat = (x.astype(jnp.float32) - mean) * rstd
+  dx = dx.astype(jnp.float32)
+  dxhat = rstd * (dx - jnp.mean(dx, axis=-1, keepdims=True)
+                  - xhat * jnp.mean(dx * xhat, axis=-1, keepdims=True))
+  return y, dxhat * scale + xhat * dscale + dbias
+
+
 class LayerNorm(nn.Module):
   """PyTorch-style LayerNorm (eps 1e-5 unless given) with ``nn.LayerNorm``'s params,
   output in ``dtype``."""
 
   dtype: Dtype = jnp.float32
   epsilon: float = LN_EPS
+  forward_mode: bool = False  # `layer_norm_jvp` (jax.jvp works through it)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     c = x.shape[-1]
     scale = self.param('scale', nn.initializers.ones, (c,), jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, (c,), jnp.float32)
-    return layer_norm(x, scale, bias, self.epsilon).astype(self.dtype)
+    fn = layer_norm_jvp if self.forward_mode else layer_norm
+    return fn(x, scale, bias, self.epsilon).astype(self.dtype)
 
 
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:

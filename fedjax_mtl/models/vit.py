@@ -278,11 +278,11 @@ class EncoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     names = self.layout
-    y = LayerNorm(self.dtype, self.epsilon, name=names.ln_1)(x)
+    y = LayerNorm(self.dtype, self.epsilon, True, name=names.ln_1)(x)
     y = Attention(names, self.num_heads, self.block, self.lora_rank, self.lora_scale,
                   self.lora_seed, self.dtype, name=names.attn)(y)
     x = x + y.astype(jnp.float32)
-    y = LayerNorm(self.dtype, self.epsilon, name=names.ln_2)(x)
+    y = LayerNorm(self.dtype, self.epsilon, True, name=names.ln_2)(x)
     y = Mlp(names, self.mlp_dim, self.activation, self.dtype, name=names.mlp)(y)
     return x + y.astype(jnp.float32)
 
@@ -361,7 +361,7 @@ class Encoder(nn.Module):
                     name=f'{self.prefix}_{i}')(x)
     if self.vit_jax:
       # LayerNorm is per token: norming only [CLS] equals vit_jax's norm-then-take.
-      x = LayerNorm(jnp.float32, self.epsilon, name='encoder_norm')(x[:, 0])
+      x = LayerNorm(jnp.float32, self.epsilon, True, name='encoder_norm')(x[:, 0])
     return x
 
 
@@ -450,11 +450,11 @@ class CLIPVisionTower(nn.Module):
     cls = self.param('class_embedding', nn.initializers.normal(std), (d,), jnp.float32)
     pos = self.param('positional_embedding', nn.initializers.normal(std), (n + 1, d), jnp.float32)
     x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, d)), x.astype(jnp.float32)], axis=1) + pos
-    x = LayerNorm(jnp.float32, 1e-5, name='ln_pre')(x)
+    x = LayerNorm(jnp.float32, 1e-5, True, name='ln_pre')(x)
     x = Encoder(OPENCLIP, 'resblocks', self.depth, self.num_heads, self.mlp_dim, 1e-5,
                 'quick_gelu' if self.quick_gelu else 'gelu', False, self.lora_rank,
                 self.lora_scale, self.lora_seed, self.remat, self.dtype, name='transformer')(x)
-    x = LayerNorm(self.dtype, 1e-5, name='ln_post')(x[:, 0])
+    x = LayerNorm(self.dtype, 1e-5, True, name='ln_post')(x[:, 0])
     proj = self.param('proj', nn.initializers.normal(std), (d, self.output_dim), jnp.float32)
     x = matmul(x, proj.astype(self.dtype)).astype(jnp.float32)
     return x, _head(x, self.num_classes)

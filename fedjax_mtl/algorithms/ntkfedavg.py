@@ -1,0 +1,82 @@
+"""NTKFedAvg: clients train the NTK-linearised model; the server averages task vectors.
+
+NTKFedAvg spec §2 (Algorithm 1), in the many-task setting (the CLIP 8-task
+benchmark B runs there; the dense benchmark A is not wired yet):
+
+- **Client**: the model's forward is replaced by its linearisation around the
+  round's start c (the server model, spec §2.3's default point):
+  f_lin(x; θ) = f(x; c) + J_c(x)(θ − c), one `jax.jvp` per step
+  (`base.linearized_forward`); training starts at c. Everything else is the
+  FedAvg client: NTKFedAvg and FedAvg differ only in this forward
+  (`ntkfedavg.linearize=False` is FedAvg with this server).
+- **Server**: the uniform mean of the task vectors τ_k = θ_k − c over the
+  round's (client, task) pairs (Alg. 1 line 12: 1/K, not weighted by data),
+  with the task vectors of the clients in `ntkfedavg.negate` negated
+  (federated unlearning, lines 8–10), and the server step α
+  (`ntkfedavg.server_lr`): θ ← c + α·τ̄.
+
+Not here yet (issue text): the pretrained linearisation point, the linear-model
+evaluation (B), server-α tuning, benchmark A and the configs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
+                                        ServerState, config_block, linearized_forward)
+from fedjax_mtl.errors import ConfigError
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """α = 1 (spec §4), no client negated, the linearised forward on."""
+  return ml_collections.ConfigDict({'server_lr': 1.0, 'negate': '', 'linearize': True})
+
+
+def negated_clients(cfg) -> tuple[int, ...]:
+  """`ntkfedavg.negate` ('3,7') as client ids; ConfigError for a malformed entry."""
+  ids = []
+  for item in filter(None, (x.strip() for x in str(cfg.negate).split(','))):
+    if not item.isdigit():
+      raise ConfigError(f'ntkfedavg.negate entry {item!r} is not a client id; expected '
+                        "comma-separated integers >= 0, e.g. '0,3'")
+    ids.append(int(item))
+  return tuple(sorted(set(ids)))
+
+
+def server(alpha: float, negate: tuple[int, ...]) -> Server:
+  """θ ← c + α · mean over the valid rows of s_k (θ_k − c), s_k = −1 for `negate`."""
+  neg = jnp.asarray(negate or (-2,), jnp.int32)
+
+  def apply(state: ServerState, x: ServerInputs):
+    n = x.num_examples.shape[0]
+    valid = jnp.ones(n, bool) if x.row_valid is None else x.row_valid
+    sign = jnp.where(jnp.isin(x.client_ids, neg), -1., 1.)
+    w = jnp.where(valid, sign, 0.) / jnp.maximum(jnp.sum(valid), 1)
+    out = {}
+    for role, local in x.local.items():
+      def one(lo, pr):
+        step = jnp.tensordot(w, (lo - pr).astype(jnp.float32), axes=1,
+                             precision=jax.lax.Precision.HIGHEST)
+        return jnp.broadcast_to(pr[0] + alpha * step, lo.shape).astype(lo.dtype)
+      out[role] = jax.tree.map(one, local, x.prev[role])
+    return out, state, {'ntk_negated_rows': jnp.sum(valid & (sign < 0))}
+
+  return Server(init=lambda views: ServerState(), apply=apply)
+
+
+def build(info: FedInfo, config=None) -> Algorithm:
+  cfg = config_block(config, 'ntkfedavg', default_config())
+  if info.num_tasks <= 0:
+    raise ConfigError("algorithm 'ntkfedavg' runs in the many-task setting for now "
+                      "(config.setting='many_task', e.g. configs/fedavg.py:mini8 with "
+                      "--config.algorithm=ntkfedavg)")
+  if not float(cfg.server_lr) > 0:
+    raise ConfigError(f'ntkfedavg.server_lr={cfg.server_lr} is out of range; valid range: '
+                      'server_lr > 0')
+  client = Client(forward=linearized_forward) if cfg.linearize else Client()
+  return Algorithm(name='ntkfedavg', client=client,
+                   server=server(float(cfg.server_lr), negated_clients(cfg)),
+                   roles={'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'})

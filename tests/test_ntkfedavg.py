@@ -1,0 +1,149 @@
+"""NTKFedAvg's linearised client forward and its server (NTKFedAvg spec §2, §8):
+at θ = c the linearised output is the model's; it is exactly affine in θ; its
+gradient at c is the model's; the server is c + α · the uniform mean of the
+(sign-flipped) task vectors; FedAvg and NTKFedAvg differ only in the forward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import override
+from fedjax_mtl.algorithms import base, ntkfedavg
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.manytask import model as model_lib
+from fedjax_mtl.manytask import run as run_lib
+from test_manytask import _round1, tiny
+
+
+@pytest.fixture(scope='module')
+def vit():
+  run = run_lib.build(tiny())
+  forward = model_lib.make_forward(run.model, np.asarray(run.setting.num_classes))
+  images = jnp.asarray(run.data.train[0][0][:6])
+  apply = lambda p, bs, x, key: forward(run.backbone, p, x, 0)
+  key = jax.random.PRNGKey(3)
+  c = {k: v + 0.05 * jax.random.normal(jax.random.fold_in(key, i), v.shape)
+       for i, (k, v) in enumerate(sorted(run.trainable.items()))}
+  return apply, c, images
+
+
+def _dir(c, seed):
+  return {k: 0.05 * jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), i), v.shape)
+          for i, (k, v) in enumerate(sorted(c.items()))}
+
+
+def test_linearised_forward_at_c_is_the_model_and_affine(vit):
+  apply, c, x = vit
+  lin = jax.jit(lambda p: base.linearized_forward(apply, p, c, None, x, None))
+  plain = apply(c, None, x, None)
+  np.testing.assert_allclose(lin(c), plain, rtol=1e-5, atol=1e-5)
+  d1, d2 = _dir(c, 1), _dir(c, 2)
+  at = lambda a, b: lin(jax.tree.map(lambda c0, u, v: c0 + a * u + b * v, c, d1, d2))
+  f0, f1, f2 = at(0., 0.), at(1., 0.), at(0., 1.)
+  # Exactly affine: f(c + a d1 + b d2) = f(c) + a (f(c+d1) - f(c)) + b (f(c+d2) - f(c)).
+  keep = plain > -1e8  # the task's own classes (the others are masked constants)
+  want = f0 + 2.5 * (f1 - f0) - 1.5 * (f2 - f0)
+  np.testing.assert_allclose(np.asarray(at(2.5, -1.5))[keep], np.asarray(want)[keep],
+                             rtol=1e-4, atol=1e-4)
+  # ... while the model itself is not affine along the same line.
+  g = lambda a, b: apply(jax.tree.map(lambda c0, u, v: c0 + a * u + b * v, c, d1, d2), None, x,
+                         None)
+  gw = g(0., 0.) + 2.5 * (g(1., 0.) - g(0., 0.)) - 1.5 * (g(0., 1.) - g(0., 0.))
+  assert np.abs(np.asarray(g(2.5, -1.5) - gw)[keep]).max() > 1e-4
+
+
+def test_linearised_gradient_at_c_is_the_models(vit):
+  apply, c, x = vit
+  labels = jnp.arange(x.shape[0]) % 4
+  loss = lambda logits: model_lib.cross_entropy(logits, labels)
+  g_lin = jax.grad(lambda p: loss(base.linearized_forward(apply, p, c, None, x, None)))(c)
+  g = jax.grad(lambda p: loss(apply(p, None, x, None)))(c)
+  for k in g:
+    np.testing.assert_allclose(g_lin[k], g[k], rtol=1e-4, atol=1e-6)
+
+
+def test_server_is_start_plus_alpha_mean_of_signed_task_vectors():
+  rng = np.random.default_rng(0)
+  start = rng.standard_normal((3, 2)).astype(np.float32)
+  prev = np.broadcast_to(start, (5, 3, 2))
+  local = prev + rng.standard_normal((5, 3, 2)).astype(np.float32)
+  clients = np.array([0, 0, 1, 2, -1], np.int32)  # two pairs of client 0, a padding row
+  valid = clients >= 0
+  x = base.ServerInputs(prev={'encoder': {'w': jnp.asarray(prev)}},
+                        local={'encoder': {'w': jnp.asarray(local)}},
+                        num_examples=jnp.ones(5), num_steps=jnp.ones(5, jnp.int32),
+                        client_ids=jnp.asarray(clients), round=jnp.int32(0),
+                        row_valid=jnp.asarray(valid))
+  out, state, logs = ntkfedavg.server(0.5, (1,)).apply(base.ServerState(), x)
+  s = np.where(clients == 1, -1., 1.)
+  want = start + 0.5 * sum(s[i] * (local[i] - start) for i in range(4)) / 4
+  for row in np.asarray(out['encoder']['w']):
+    np.testing.assert_allclose(row, want, rtol=1e-5, atol=1e-6)
+  assert state == base.ServerState() and int(logs['ntk_negated_rows']) == 1
+
+
+def _ntk(**over):
+  cfg = tiny('ntkfedavg')
+  cfg.ntkfedavg = ntkfedavg.default_config()
+  return override(cfg, **over)
+
+
+def test_without_linearisation_the_round_is_the_uniform_mean_of_the_local_round():
+  """FedAvg and NTKFedAvg differ only in the forward: with the plain forward, the
+  round's adapters are start + α · the uniform mean of the Local round's task
+  vectors (client 1 negated); with the linearised one they differ."""
+  loc, _ = _round1(run_lib.build(tiny('local')))
+  run = run_lib.build(_ntk(**{'ntkfedavg.linearize': False, 'ntkfedavg.negate': '1',
+                              'ntkfedavg.server_lr': 0.5}))
+  st = run.setting
+  slots = st.schedule[0]
+  real = slots < st.num_pairs
+  clients = np.where(real, st.pairs[np.minimum(slots, st.num_pairs - 1), 0], -1)
+  assert (clients == 1).any() or True
+  new, _ = _round1(run)
+  s = np.where(clients == 1, -1., 1.)[real]
+  for k, v in new.shared.items():
+    trained = np.asarray(loc.pair_rows[k])[slots][real].astype(np.float64)
+    start = np.asarray(run.trainable[k], np.float64)
+    want = start + 0.5 * np.tensordot(s, trained - start, (0, 0)) / real.sum()
+    np.testing.assert_allclose(v, want, rtol=1e-4, atol=1e-6)
+  lin, out = _round1(run_lib.build(_ntk()))
+  assert all(np.isfinite(np.asarray(v)).all() for v in lin.shared.values())
+  assert any(not np.allclose(lin.shared[k], new.shared[k]) for k in new.shared)
+
+
+@pytest.mark.parametrize('over,message', [
+    ({'ntkfedavg.negate': '1,x'}, "ntkfedavg.negate entry 'x' is not a client id"),
+    ({'ntkfedavg.negate': '9'}, 'names client 9, which does not exist; valid ids: 0..5'),
+    ({'ntkfedavg.server_lr': 0.0}, 'ntkfedavg.server_lr=0.0 is out of range'),
+])
+def test_bad_input_is_one_line(tmp_path, over, message):
+  from fedjax_mtl import train
+  with pytest.raises(ConfigError) as e:
+    train.train_and_evaluate(_ntk(**over), str(tmp_path / 'w'))
+  assert message in str(e.value) and '\n' not in str(e.value)
+  assert not (tmp_path / 'w').exists()
+
+
+def test_forward_mode_layer_norm_matches_the_custom_backward_one():
+  """The ViTs' LayerNorm (`layer_norm_jvp`, forward mode works) gives the values and
+  gradients of the memory-saving `layer_norm` the Swin encoder uses."""
+  from fedjax_mtl.models import swin
+  k = jax.random.split(jax.random.PRNGKey(0), 4)
+  x = jax.random.normal(k[0], (3, 5, 16))
+  scale, bias = 1 + 0.1 * jax.random.normal(k[1], (16,)), jax.random.normal(k[2], (16,))
+  g = jax.random.normal(k[3], (3, 5, 16))
+  ref = jax.grad(lambda *a: jnp.sum(swin.layer_norm(*a) * g), argnums=(0, 1, 2))(x, scale, bias)
+  got = jax.grad(lambda *a: jnp.sum(swin.layer_norm_jvp(*a) * g), argnums=(0, 1, 2))(x, scale,
+                                                                                       bias)
+  np.testing.assert_allclose(swin.layer_norm_jvp(x, scale, bias),
+                             swin.layer_norm(x, scale, bias), rtol=1e-6, atol=1e-6)
+  for a, b in zip(got, ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  # Forward mode against finite differences.
+  d = 0.1 * jax.random.normal(k[3], x.shape)
+  _, tangent = jax.jvp(lambda y: swin.layer_norm_jvp(y, scale, bias), (x,), (d,))
+  fd = (swin.layer_norm_jvp(x + 1e-3 * d, scale, bias)
+        - swin.layer_norm_jvp(x - 1e-3 * d, scale, bias)) / 2e-3
+  np.testing.assert_allclose(tangent, fd, rtol=2e-2, atol=2e-3)
