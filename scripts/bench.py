@@ -1211,7 +1211,8 @@ def main(argv=None):
   print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
-               'memory', 'unified_memory', 'many_memory', 'vit_lora'):
+               'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
+               'matu_client'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:
