@@ -82,7 +82,8 @@ def _mb_per_client_round(workdir: str, cfg) -> float:
 
 
 def sweep(figure: str, values: list[int], methods: list[str], seeds: list[int], out: str,
-          individual: str | None, clusters, rerun_changed: bool = False) -> dict:
+          individual: str | None, clusters, rerun_changed: bool = False,
+          finished_only: bool = False) -> dict:
   """Run (or reuse) every point; returns {method: {value: (acc mean, acc std, MB, mean acc)}}."""
   plans = {}
   for v in values:  # everything is planned (and checked) before anything runs
@@ -92,6 +93,8 @@ def sweep(figure: str, values: list[int], methods: list[str], seeds: list[int], 
   for v, plan in plans.items():
     per = {}
     for run in plan:
+      if finished_only and run.action != 'reuse':
+        continue  # --finished_only: plot what has run, leave the missing points out
       compare.execute(run)
       acc = compare.final_accuracy(run.workdir)
       per.setdefault(run.name, []).append((
@@ -151,6 +154,9 @@ def main(argv=None) -> dict:
                  help='folder of the Individual runs (seed<S> inside) for normalised accuracy')
   p.add_argument('--relatedness', default='',
                  help='fig6: relatedness.json of scripts/task_relatedness.py (the clusters)')
+  p.add_argument('--finished_only', action='store_true',
+                 help='run nothing: tabulate and plot the finished runs, leaving out the '
+                      'points (method, value, seed) that have not run')
   compare.add_run_flags(p)
   a = p.parse_args(argv)
   try:
@@ -177,7 +183,7 @@ def main(argv=None) -> dict:
     compare.use_xla_cache(a.xla_cache_dir)
     os.makedirs(a.out, exist_ok=True)
     results = sweep(a.figure, values, methods, seeds, a.out, a.individual or None, clusters,
-                    a.rerun_changed)
+                    a.rerun_changed, a.finished_only)
   except ConfigError as e:
     print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
     raise SystemExit(2) from None
