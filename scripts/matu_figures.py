@@ -144,8 +144,11 @@ def write(figure: str, values: list[int], results: dict, out: str) -> None:
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--figure', required=True, choices=FIGURES)
-  p.add_argument('--out', required=True)
+  p.add_argument('--figure', required=True, choices=FIGURES,
+                 help='fig5 (tasks per client) or fig6 (conflict levels)')
+  p.add_argument('--out', required=True,
+                 help='output folder: OUT/<value>/<method>/seed<S> per run, OUT/<figure>.png, '
+                      '.md and .csv')
   p.add_argument('--values', required=True,
                  help='fig5: tasks per client; fig6: conflict levels (0, 2, 3)')
   p.add_argument('--methods', default='matu,fedavg,matfl',
