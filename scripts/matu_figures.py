@@ -108,7 +108,7 @@ def sweep(figure: str, values: list[int], methods: list[str], seeds: list[int], 
   return results
 
 
-def write(figure: str, values: list[int], results: dict, out: str) -> None:
+def write(figure: str, values: list[int], results: dict, out: str, seeds: int = 1) -> None:
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
@@ -124,7 +124,8 @@ def write(figure: str, values: list[int], results: dict, out: str) -> None:
   for a in (a1, a2):
     a.grid(alpha=.3)
   a1.legend(fontsize=8)
-  fig.suptitle(f'MaTU {figure} on mini8 (mean ± std over seeds)')
+  fig.suptitle(f'MaTU {figure} on mini8 ' + (f'(mean ± std over {seeds} seeds)' if seeds > 1
+                                               else '(one seed)'))
   fig.tight_layout()
   fig.savefig(os.path.join(out, f'{figure}.png'), dpi=110)
   plt.close(fig)
@@ -190,7 +191,7 @@ def main(argv=None) -> dict:
   except ConfigError as e:
     print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
     raise SystemExit(2) from None
-  write(a.figure, values, results, a.out)
+  write(a.figure, values, results, a.out, len(seeds))
   print(open(os.path.join(a.out, f'{a.figure}.md')).read())
   return results
 
