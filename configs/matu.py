@@ -70,7 +70,7 @@ def _setup(c, variant: str, table: str, items: dict) -> None:
     if variant == 'paper':
       c.num_rounds, c.eval_every, c.checkpoint_every = 300, 25, 25
       if table in ('fig4', 'fig5'):  # the 30-task benchmark, κ = 5 (spec §4)
-        m.benchmark, m.pretrained = 'folder30', 'vit_b32_in21k.npz'
+        m.benchmark = 'folder30'
         c.matu.kappa = 5
     if table == 'fig4':
       m.num_clients, m.zeta_t = 30, 0.2

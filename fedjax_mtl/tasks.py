@@ -152,16 +152,16 @@ class ClassificationTask:
   metric: str = 'accuracy'
 
 
-def classification_tasks(benchmark: str, data_dir=None) -> tuple[ClassificationTask, ...]:
+def classification_tasks(benchmark: str) -> tuple[ClassificationTask, ...]:
   """The tasks of a classification benchmark, in its order: `mini8` (offline,
   `data/mini8.py`), `tfds8` (the 8-task benchmark read from TFDS, `data/tfds_tasks.py`)
-  or `folder30` (MaTU's 30 tasks as ImageFolder trees, `data/folder30.py`, whose
-  class counts are read from `data_dir`; 0 without it)."""
+  or `folder30` (MaTU's 30 tasks as ImageFolder trees, `data/folder30.py`; their
+  class counts depend on the user's folders, so they are 0 here and read per task
+  when a run is built, `manytask.setting.num_classes`)."""
   check_choice('many.benchmark', benchmark, CLASSIFICATION_BENCHMARKS)
   if benchmark == 'folder30':
     from fedjax_mtl.data import folder30
-    count = (lambda t: folder30.num_classes(t, data_dir)) if data_dir else (lambda t: 0)
-    return tuple(ClassificationTask(benchmark, t, count(t)) for t in folder30.TASKS)
+    return tuple(ClassificationTask(benchmark, t, 0) for t in folder30.TASKS)
   if benchmark == 'mini8':
     from fedjax_mtl.data import mini8 as source
   else:

@@ -833,15 +833,15 @@ def matu_server_inputs(assignment: np.ndarray, trainable: dict, roles: dict, see
   local = {k: origin[k][None] + 1e-3 * jax.random.normal(jax.random.fold_in(key, 1000 + i),
                                                          (s,) + v.shape, jnp.float32)
            for i, (k, v) in enumerate(sorted(trainable.items()))}
-  first = {c: i for i, c in reversed(list(enumerate(pairs[:, 0].tolist())))}
+  from fedjax_mtl.manytask.engine import client_segments
   shared = ('encoder', 'decoder')
   return ServerInputs(
       prev={r: role_view(local, roles, r) for r in shared},
       local={r: role_view(local, roles, r) for r in shared},
       num_examples=jnp.asarray(np.random.default_rng(seed).integers(50, 500, s), jnp.float32),
-      num_steps=jnp.ones(s, jnp.int32), client_ids=jnp.arange(s, dtype=jnp.int32),
+      num_steps=jnp.ones(s, jnp.int32), client_ids=jnp.asarray(pairs[:, 0], jnp.int32),
       round=jnp.int32(0), row_valid=jnp.ones(s, bool),
-      row_client=jnp.asarray([first[c] for c in pairs[:, 0]], jnp.int32),
+      row_client=client_segments(jnp.asarray(pairs[:, 0], jnp.int32)),
       row_task=jnp.asarray(pairs[:, 1], jnp.int32),
       origin={r: role_view(origin, roles, r) for r in shared})
 
@@ -885,6 +885,7 @@ def bench_matu_client(repeats: int = 3) -> dict:
   `matu_math.unify` alone on the same [S, d] rows and client segments."""
   from fedjax_mtl import config_doc
   from fedjax_mtl.algorithms import matu_math
+  from fedjax_mtl.manytask import engine
   from fedjax_mtl.manytask import run as many_run
   from fedjax_mtl.manytask.feed import RoundFeed
   cfg = config_doc.load_config('configs/matu.py:mini8,table=2')
@@ -904,9 +905,7 @@ def bench_matu_client(repeats: int = 3) -> dict:
   s = st.num_slots
   d = sum(int(np.prod(v.shape)) for k, v in run.trainable.items() if run.roles[k] != 'head')
   pairs = st.schedule[0]
-  clients = np.where(pairs < st.num_pairs, np.append(st.pairs[:, 0], -1)[pairs], -1)
-  group = jnp.asarray([np.flatnonzero(clients == c)[0] if c >= 0 else i
-                       for i, c in enumerate(clients)], jnp.int32)
+  group = engine.client_segments(jnp.asarray(np.append(st.pairs[:, 0], -1)[pairs], jnp.int32))
   vec = jax.random.normal(jax.random.PRNGKey(0), (s, d), jnp.float32)
   valid = jnp.asarray(pairs < st.num_pairs)
   unify = jax.jit(matu_math.unify)

@@ -6,8 +6,9 @@ pair with its task vector `vectors[i]` ([S, d], the pair's trained adapters
 minus their shared initialisation), `group[i]` (segment id of its client, in
 [0, S): the rows of one client share it), `task[i]` (in [0, T)), `counts[i]`
 (|D_n^t|) and `valid[i]` (False: a padding row; it joins no client and no task).
-Sums over rows are one-hot contractions, maxima are segment maxima, the task
-similarity is one matmul of sign matrices: all of a round in one jitted program.
+Sums and maxima over a client's rows are segment sums and maxima, sums over a
+task's rows one-hot contractions, the task similarity is one matmul of sign
+matrices: all of a round in one jitted program.
 
 **Unification** (Eq. 2, the EMR-Merging code's rules): σ = sgn(Σ_i τ^i) with a
 zero sum mapped to −1 (`tie='emr'`; `tie='zero'` keeps sgn(0) = 0);

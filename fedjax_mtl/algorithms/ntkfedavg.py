@@ -26,7 +26,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, config_block, linearized_forward)
+                                        ServerState, broadcast_rows, config_block,
+                                        linearized_forward, tree_mean)
+from fedjax_mtl.algorithms.plugin_math import add_scaled
 from fedjax_mtl.errors import ConfigError
 
 
@@ -57,11 +59,9 @@ def server(alpha: float, negate: tuple[int, ...]) -> Server:
     w = jnp.where(valid, sign, 0.) / jnp.maximum(jnp.sum(valid), 1)
     out = {}
     for role, local in x.local.items():
-      def one(lo, pr):
-        step = jnp.tensordot(w, (lo - pr).astype(jnp.float32), axes=1,
-                             precision=jax.lax.Precision.HIGHEST)
-        return jnp.broadcast_to(pr[0] + alpha * step, lo.shape).astype(lo.dtype)
-      out[role] = jax.tree.map(one, local, x.prev[role])
+      deltas = jax.tree.map(jnp.subtract, local, x.prev[role])
+      start = jax.tree.map(lambda p: p[0], x.prev[role])  # every row starts from c
+      out[role] = broadcast_rows(add_scaled(start, tree_mean(deltas, w), alpha), local)
     return out, state, {'ntk_negated_rows': jnp.sum(valid & (sign < 0))}
 
   return Server(init=lambda views: ServerState(), apply=apply)

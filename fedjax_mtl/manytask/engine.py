@@ -116,7 +116,7 @@ def _axes(where: dict) -> dict:
   return {k: None if w == 'global' else 0 for k, w in where.items()}
 
 
-def _client_segments(clients: jax.Array) -> jax.Array:
+def client_segments(clients: jax.Array) -> jax.Array:
   """[S] segment id of each slot's client: the first slot of the same client
   (padding slots, client -1, each their own)."""
   s = clients.shape[0]
@@ -182,6 +182,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   def round_fn(state: ManyState, backbone, slots, rows, images, labels):
     task = pair_task[slots]
     counts = pair_counts[slots]
+    clients = pair_client[slots]
     start = {**state.shared,
              **{k: v[task] for k, v in state.task_rows.items()},
              **{k: v[slots] for k, v in state.pair_rows.items()}}
@@ -195,8 +196,8 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
     x = ServerInputs(prev={r: role_view(full_start, roles, r) for r in shared},
                      local={r: role_view(uploads, roles, r) for r in shared},
                      num_examples=counts.astype(jnp.float32), num_steps=steps.astype(jnp.int32),
-                     client_ids=pair_client[slots], round=state.round,
-                     row_valid=counts > 0, row_client=_client_segments(pair_client[slots]),
+                     client_ids=clients, round=state.round,
+                     row_valid=counts > 0, row_client=client_segments(clients),
                      row_task=task,
                      origin=None if origin is None else {r: role_view(origin, roles, r)
                                                          for r in shared})
