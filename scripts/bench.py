@@ -18,6 +18,9 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=matu_server    # MaTU's server at N = 30, ViT-B/32 LoRA, vs MaT-FL
     python scripts/bench.py --only=matu_client    # MaTU's unify/mask/rescale vs a mini8 round
     python scripts/bench.py --only=memory         # one client's step memory, Swin-T and ResNet-18, 512
+    python scripts/bench.py --only=gpu            # MFU and per-client memory of every paper config's
+                                                  # client step on the accelerator found (bf16)
+    python scripts/bench.py --only=ntk_step       # NTKFedAvg's linearised step vs the plain one
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -546,8 +549,7 @@ def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t',
   return run, compile_s
 
 
-# Dense bf16 matmul peak (FLOP/s) by device kind, for MFU.
-PEAK_BF16_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
+from bench_steps import PEAK_BF16_FLOPS  # noqa: E402  (dense bf16 peak by device kind)
 
 
 def model_flops(resolution: int, batch: int = 8, encoder: str = 'swin_t') -> float:
@@ -1101,6 +1103,17 @@ def bench_augment(num_chunks: int = 3, batch: int = 8, size: int = 512,
   return out
 
 
+def _jsonl_log(path: str):
+  """A logger that prints each workload's result as it comes and, with --json, also
+  appends it to `<json>.jsonl` (partial results survive a run cut short)."""
+  def log(line: str):
+    print(line, flush=True)
+    if path:
+      with open(path + '.jsonl', 'a') as f:
+        f.write(json.dumps({'line': line, 'time': time.time()}) + '\n')
+  return log
+
+
 SERVE = {
     'fedavg_round': lambda: round_runner('fedavg')[0],
     'swin_t_128': lambda: swin_step_runner(128)[0],
@@ -1123,7 +1136,7 @@ def main(argv=None):
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                           'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-                          'matu_client', 'all'],
+                          'matu_client', 'gpu', 'ntk_step', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -1146,6 +1159,13 @@ def main(argv=None):
   p.add_argument('--peak_tflops', type=float, default=0.0,
                  help="--only=mfu: the device's peak TFLOP/s that MFU divides by (default: "
                       "the bf16 peak of a known accelerator: H100, H200, A100; none on CPU)")
+  p.add_argument('--gpu_scale', type=float, default=1.0,
+                 help='--only=gpu / ntk_step: scale of the paper resolutions (e.g. 0.125 for a '
+                      'CPU dry run; default: %(default)s)')
+  p.add_argument('--gpu_rows', default='',
+                 help='--only=gpu: comma-separated workloads of fedhca2_swin_t, ntk_a_deeplab, '
+                      'ntk_a_deeplab_linear, ntk_b_clip, ntk_b_clip_linear, many_vit_b32_lora, '
+                      'feddea_resnet18 (default: all)')
   p.add_argument('--json', default='', help='also write the results to this JSON file')
   p.add_argument('--reuse_host_memory', action=argparse.BooleanOptionalAction, default=True,
                  help='keep freed host memory mapped on CPU-only runs (fedjax_mtl.hostmem), '
@@ -1207,11 +1227,21 @@ def main(argv=None):
     results['unified_memory'] = bench_unified_memory()
   if a.only == 'augment':  # not in 'all': lowers a Swin-T step at 512x512 for its FLOPs
     results['augment'] = bench_augment(repeats=a.repeats)
+  if a.only in ('gpu', 'ntk_step'):  # not in 'all': paper-size steps are for accelerators
+    import bench_steps
+    log = _jsonl_log(a.json)
+    if a.only == 'gpu':
+      results['gpu'] = bench_steps.bench_gpu(a.repeats, a.peak_tflops, log, a.gpu_scale,
+                                             tuple(filter(None, a.gpu_rows.split(','))))
+    else:
+      res = lambda n: max(32, int(round(n * a.gpu_scale / 32)) * 32)
+      results['ntk_step'] = bench_steps.bench_ntk_step(
+          a.repeats, deeplab=(res(512), 16), clip=(res(224), 32), log=log)
   print(f"reuse_host_memory{'':17s} {reuse}")
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-               'matu_client'):
+               'matu_client', 'gpu', 'ntk_step'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

@@ -329,3 +329,77 @@ def test_pretrained_path_loads_params_and_running_statistics(tmp_path):
     other = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[:-1] + (x.shape[-1] + 1,),
                                                         x.dtype), like)
     experiment.load_pretrained_encoder(str(path), model, other)
+
+
+# ---------------------------------------------------------------------------
+# DeepLab-v3 head (NTKFedAvg benchmark A, MaT-FL's per-client decoder)
+# ---------------------------------------------------------------------------
+
+
+def _torchvision_deeplab_head_shapes(cin: int, n_out: int) -> dict[str, tuple[int, ...]]:
+  """Parameter shapes of torchvision's DeepLabHead(cin, n_out) (ASPP rates 12/24/36)."""
+  shapes = {'0.convs.0.0.weight': (256, cin, 1, 1)}
+  for i in (1, 2, 3):
+    shapes[f'0.convs.{i}.0.weight'] = (256, cin, 3, 3)
+  shapes['0.convs.4.1.weight'] = (256, cin, 1, 1)
+  shapes['0.project.0.weight'] = (256, 5 * 256, 1, 1)
+  shapes['1.weight'] = (256, 256, 3, 3)
+  shapes['4.weight'], shapes['4.bias'] = (n_out, 256, 1, 1), (n_out,)
+  for bn in ('0.convs.0.1', '0.convs.1.1', '0.convs.2.1', '0.convs.3.1', '0.convs.4.2',
+             '0.project.1', '2'):
+    shapes[f'{bn}.weight'] = shapes[f'{bn}.bias'] = (256,)
+  return shapes
+
+
+def test_deeplab_head_matches_torchvision_layout_and_counts():
+  from fedjax_mtl.models import deeplab
+  head = deeplab.DeepLabHead(21)
+  feat = jnp.zeros((1, 8, 8, 512))
+  params = jax.eval_shape(lambda: head.init(jax.random.PRNGKey(0), feat, (64, 64)))['params']
+  from flax.traverse_util import flatten_dict
+  ours = {'/'.join(k): int(np.prod(v.shape)) for k, v in flatten_dict(params).items()}
+  ref = _torchvision_deeplab_head_shapes(512, 21)
+  assert sum(ours.values()) == sum(int(np.prod(s)) for s in ref.values()) == 4_727_573
+  # Every torchvision module has its namesake here ('0.convs.1.0' -> aspp_convs_1_0).
+  tv_modules = {k.rsplit('.', 1)[0] for k in ref}
+  name = {'0': 'aspp', '1': 'conv', '2': 'bn', '4': 'classifier'}
+  expect = {'_'.join([name[m.split('.')[0]], *m.split('.')[1:]]) if m.startswith('0.')
+            else name[m] for m in tv_modules}
+  assert {k.split('/')[0] for k in ours} == expect
+
+
+def test_deeplab_head_dilated_branches_and_pooling_on_a_small_map():
+  """On a 4x4 map every dilated 3x3 branch (rates >= 12) sees only its centre tap
+  through the zero padding, so the head equals one with those branches replaced
+  by 1x1 convs of the centre weights; the output is resized to the input size."""
+  from fedjax_mtl.models import deeplab
+  head = deeplab.DeepLabHead(3, width=8)
+  feat = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 4, 16))
+  v = head.init(jax.random.PRNGKey(0), feat, (16, 16))
+  out = _jit(lambda v, f: head.apply(v, f, (16, 16)))(v, feat)
+  assert out.shape == (2, 16, 16, 3) and out.dtype == jnp.float32
+  p = jax.tree.map(np.asarray, v['params'])
+  bs = jax.tree.map(np.asarray, v['batch_stats'])
+  f = np.asarray(feat, np.float64)
+
+  def bn_relu(x, name):
+    s, b = p[name]['scale'], p[name]['bias']
+    m, var = bs[name]['mean'], bs[name]['var']
+    return np.maximum((x - m) / np.sqrt(var + 1e-5) * s + b, 0)
+
+  branches = [bn_relu(f @ p['aspp_convs_0_0']['kernel'][0, 0], 'aspp_convs_0_1')]
+  for i in (1, 2, 3):
+    branches.append(bn_relu(f @ p[f'aspp_convs_{i}_0']['kernel'][1, 1], f'aspp_convs_{i}_1'))
+  pooled = bn_relu(f.mean(axis=(1, 2), keepdims=True) @ p['aspp_convs_4_1']['kernel'][0, 0],
+                   'aspp_convs_4_2')
+  branches.append(np.broadcast_to(pooled, branches[0].shape))
+  y = bn_relu(np.concatenate(branches, -1) @ p['aspp_project_0']['kernel'][0, 0],
+              'aspp_project_1')
+  k = p['conv']['kernel']
+  yp = np.pad(y, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  y = sum(yp[:, i:i + 4, j:j + 4] @ k[i, j] for i in range(3) for j in range(3))
+  y = bn_relu(y, 'bn') @ p['classifier']['kernel'][0, 0] + p['classifier']['bias']
+  from fedjax_mtl.models.decoder import interp_matrix
+  m = interp_matrix(16, 4).astype(np.float64)
+  ref = np.einsum('ih,bhwc,jw->bijc', m, y, m)
+  np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-4)

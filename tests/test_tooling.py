@@ -115,3 +115,29 @@ def test_script_help_prints_the_whole_description_and_explains_every_flag(script
   doc = ast.get_docstring(ast.parse(open(path).read()))
   assert ' '.join(doc.split()) in ' '.join(r.stdout.split())  # not cut after its first line
   assert _rows_without_help(r.stdout) == []
+
+
+def test_bench_steps_linearised_step_matches_plain_at_the_linearisation_point():
+  """`scripts/bench_steps.py` times NTKFedAvg's linearised step against the plain one:
+  at φ = c both steps see the same loss and make the same first update; the
+  linearised step costs more FLOPs; `report` gives per-client memory and MFU."""
+  import bench_steps
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  tasks = [bench_steps.clip_task(32, 2, jnp.float32, linear=lin, model='clip_tiny_test')
+           for lin in (False, True)]
+  outs = []
+  for t in tasks:
+    state = jax.jit(t.init)(jax.random.PRNGKey(0))
+    x = jax.random.uniform(jax.random.PRNGKey(1), t.x.shape) * 255
+    y = jnp.arange(t.y.shape[0]) % 10
+    outs.append(jax.jit(t.step)(*state, *t.consts(state), x, y, jax.random.PRNGKey(2)))
+  np.testing.assert_allclose(outs[0][3], outs[1][3], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(outs[0][0]), jax.tree.leaves(outs[1][0])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  plain, linear = (bench_steps.step_flops(t) for t in tasks)
+  assert 1.2 * plain < linear < 3 * plain
+  r = bench_steps.report(tasks[1], repeats=1, model_flops=linear, peak=1e12)
+  assert r['loss_finite'] and r['client_gib'] > r['args_gib'] > 0
+  assert r['mfu'] == linear / r['step_s'] / 1e12

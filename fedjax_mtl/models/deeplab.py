@@ -1,0 +1,79 @@
+"""DeepLab-v3 head (ASPP) on a dilated ResNet: the dense model of MaT-FL and NTKFedAvg.
+
+NTKFedAvg spec §1.2 (benchmark A, from the MaT-FL code): each client has its own
+``DeepLabHead(512, n_out)`` on the last stage of a dilated ResNet-18 (output
+stride 8):
+
+- ASPP with 256 channels: a 1x1 conv branch, three 3x3 branches dilated by
+  ``rates`` (12, 24, 36), and an image-pooling branch (global mean, 1x1 conv,
+  broadcast back); every branch conv-BN-ReLU; the five are concatenated, then
+  1x1 conv 256, BN, ReLU, Dropout(0.5);
+- 3x3 conv 256 (no bias), BN, ReLU, 1x1 conv to ``n_out`` (with bias);
+- the output is upsampled bilinearly (align_corners=False) to the input size.
+
+Names follow torchvision's ``DeepLabHead`` (``aspp_convs_1_0`` is
+``0.convs.1.0``, ``conv`` / ``bn`` / ``classifier`` are ``1`` / ``2`` / ``4``).
+BatchNorm as :mod:`fedjax_mtl.models.resnet` (PyTorch momentum 0.1, eps 1e-5).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedjax_mtl.models.decoder import resize_bilinear
+from fedjax_mtl.models.resnet import _bn, _conv
+
+ASPP_RATES = (12, 24, 36)
+
+
+class DeepLabHead(nn.Module):
+  """ASPP + 3x3 conv-BN-ReLU + 1x1 classifier on NHWC features; output at `out_size`."""
+  out_channels: int
+  rates: Sequence[int] = ASPP_RATES
+  width: int = 256
+  dropout: float = 0.5
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, out_size: tuple[int, int], train: bool = False) -> jax.Array:
+    dt, w = self.dtype, self.width
+    x = x.astype(dt)
+    # conv -> BN -> ReLU; torchvision's ASPPPooling puts the pool at index 0, so its
+    # conv and BN are `.1` and `.2`.
+    branch = lambda y, i, j=0: nn.relu(_bn(train, dt, f'aspp_convs_{i}_{j + 1}')(
+        _conv(w, 1 if i in (0, len(self.rates) + 1) else 3, 1,
+              self.rates[i - 1] if 0 < i <= len(self.rates) else 1, dt,
+              f'aspp_convs_{i}_{j}')(y)))
+    outs = [branch(x, i) for i in range(len(self.rates) + 1)]
+    pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2), keepdims=True).astype(dt)
+    pooled = branch(pooled, len(self.rates) + 1, 1)
+    outs.append(jnp.broadcast_to(pooled, outs[0].shape))  # bilinear resize of a 1x1 map
+    y = _conv(w, 1, 1, 1, dt, 'aspp_project_0')(jnp.concatenate(outs, axis=-1))
+    y = nn.relu(_bn(train, dt, 'aspp_project_1')(y))
+    y = nn.Dropout(self.dropout, deterministic=not train)(y)
+    y = nn.relu(_bn(train, dt, 'bn')(_conv(w, 3, 1, 1, dt, 'conv')(y)))
+    y = nn.Conv(self.out_channels, (1, 1), dtype=dt, name='classifier')(y)
+    return resize_bilinear(y.astype(jnp.float32), out_size)
+
+
+class DeepLabNet(nn.Module):
+  """Encoder (its last stage) -> one `DeepLabHead` per task in `head_channels`.
+
+  Returns one [B, H, W, c] float32 output per head at the input resolution."""
+  encoder: nn.Module
+  head_channels: tuple[int, ...]
+  train: bool = False
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> list[jax.Array]:
+    feat = self.encoder(x, train=self.train)[-1]
+    return [DeepLabHead(c, dtype=self.dtype, name=f'head_{s}')(feat, x.shape[1:3], self.train)
+            for s, c in enumerate(self.head_channels)]
+
+
+__all__ = ['ASPP_RATES', 'DeepLabHead', 'DeepLabNet']
