@@ -21,6 +21,7 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=gpu            # MFU and per-client memory of every paper config's
                                                   # client step on the accelerator found (bf16)
     python scripts/bench.py --only=ntk_step       # NTKFedAvg's linearised step vs the plain one
+    python scripts/bench.py --only=ntk_alpha      # NTKFedAvg's server-α grid: one linearize vs 20 forwards
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -1136,7 +1137,7 @@ def main(argv=None):
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                           'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-                          'matu_client', 'gpu', 'ntk_step', 'all'],
+                          'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -1227,6 +1228,9 @@ def main(argv=None):
     results['unified_memory'] = bench_unified_memory()
   if a.only == 'augment':  # not in 'all': lowers a Swin-T step at 512x512 for its FLOPs
     results['augment'] = bench_augment(repeats=a.repeats)
+  if a.only == 'ntk_alpha':  # not in 'all': CLIP ViT-B/32 forwards at 224
+    import bench_steps
+    results['ntk_alpha'] = bench_steps.bench_ntk_alpha(a.repeats)
   if a.only in ('gpu', 'ntk_step'):  # not in 'all': paper-size steps are for accelerators
     import bench_steps
     log = _jsonl_log(a.json)
@@ -1241,7 +1245,7 @@ def main(argv=None):
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-               'matu_client', 'gpu', 'ntk_step'):
+               'matu_client', 'gpu', 'ntk_step', 'ntk_alpha'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

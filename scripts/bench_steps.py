@@ -286,6 +286,44 @@ def bench_ntk_step(repeats: int = 3, deeplab=(512, 16), clip=(224, 32), dtype=jn
   return out
 
 
+def bench_ntk_alpha(repeats: int = 3, batch: int = 32, grid: int = 20, resolution: int = 224,
+                    model: str = 'clip_vit_b32', dtype=jnp.float32) -> dict:
+  """The server-α grid (NTKFedAvg A.3) on one validation batch: `ntkfedavg.alpha_sweep`
+  (one `jax.linearize` + one JVP, then the frozen zero-shot head per α) against
+  `grid` plain forwards f(x; c + α·τ) of the CLIP tower (NTKFedAvg issue target:
+  ≤ 0.5x). Both jitted; the α grid is (1 .. grid) / 4 as decision A10's."""
+  from fedjax_mtl.algorithms import ntkfedavg
+  from fedjax_mtl.models import vit, zeroshot
+  net = vit.get_model(model, image_size=resolution, dtype=dtype)
+  c = vit.init_params(net, jax.random.PRNGKey(0))
+  tau = jax.tree.map(lambda p: 1e-3 * jax.random.normal(jax.random.PRNGKey(1), p.shape, p.dtype), c)
+  w = jax.random.normal(jax.random.PRNGKey(2), (net.output_dim, 10))
+  w = w / jnp.linalg.norm(w, axis=0, keepdims=True)
+  head = lambda z: zeroshot.zeroshot_logits(z, w, jnp.log(100.))
+  x = jax.random.uniform(jax.random.PRNGKey(3), (batch, resolution, resolution, 3))
+  alphas = jnp.arange(1, grid + 1, dtype=jnp.float32) / 4
+  apply = lambda p, x: net.apply({'params': p}, x)[0].astype(jnp.float32)
+  sweep = jax.jit(lambda c, t, x: ntkfedavg.alpha_sweep(apply, c, t, x, alphas, head))
+  plain = jax.jit(lambda c, t, x: jax.lax.map(
+      lambda a: head(apply(jax.tree.map(lambda p, d: p + a * d, c, t), x)), alphas))
+  forward = jax.jit(lambda c, x: head(apply(c, x)))
+  out = {'batch': batch, 'grid': grid, 'resolution': resolution}
+  for name, fn, args in (('sweep', sweep, (c, tau, x)), ('plain_grid', plain, (c, tau, x)),
+                         ('one_forward', forward, (c, x))):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    out[f'{name}_first_call_s'] = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times.append(time.perf_counter() - t0)
+    out[f'{name}_s'] = min(times)
+  out['sweep_vs_plain_grid'] = out['sweep_s'] / out['plain_grid_s']
+  out['sweep_in_forwards'] = out['sweep_s'] / out['one_forward_s']
+  return out
+
+
 def bench_gpu(repeats: int = 5, peak_tflops: float = 0.0, log=print, scale: float = 1.0,
               only: tuple[str, ...] = ()) -> dict:
   """MFU and per-client memory of each paper configuration's client step on the

@@ -147,3 +147,25 @@ def test_forward_mode_layer_norm_matches_the_custom_backward_one():
   fd = (swin.layer_norm_jvp(x + 1e-3 * d, scale, bias)
         - swin.layer_norm_jvp(x - 1e-3 * d, scale, bias)) / 2e-3
   np.testing.assert_allclose(tangent, fd, rtol=2e-2, atol=2e-3)
+
+
+def test_alpha_sweep_is_the_linear_model_along_the_line(vit):
+  """One linearize + one JVP give the linear model (evaluation B) at c + α·τ for a whole
+  α grid, with and without a frozen non-linear head; at α = 0 it is the model at c."""
+  apply4, c, x = vit
+  apply = lambda p, x: apply4(p, None, x, None)
+  tau = _dir(c, 4)
+  alphas = jnp.array([0., 0.25, 1., 3.])
+  head = lambda z: jax.nn.log_softmax(jnp.maximum(z, -1e4), -1)  # a non-linear frozen head
+  sweep = jax.jit(lambda c, t: ntkfedavg.alpha_sweep(apply, c, t, x, alphas, head))(c, tau)
+  assert sweep.shape == (4,) + apply(c, x).shape
+  for i, a in enumerate(np.asarray(alphas)):
+    theta = jax.tree.map(lambda c0, t: c0 + a * t, c, tau)
+    want = head(jnp.maximum(ntkfedavg.linear_outputs(apply, c, theta, x), -1e4))
+    np.testing.assert_allclose(sweep[i], want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(sweep[0], head(apply(c, x)), rtol=1e-5, atol=1e-5)
+  # The linear model differs from the non-linear one away from c.
+  far = jax.tree.map(lambda c0, t: c0 + 3. * t, c, tau)
+  keep = np.asarray(apply(c, x)) > -1e8
+  assert np.abs(np.asarray(ntkfedavg.linear_outputs(apply, c, far, x) - apply(far, x))[keep]
+                ).max() > 1e-4

@@ -15,11 +15,20 @@ benchmark B runs there; the dense benchmark A is not wired yet):
   (federated unlearning, lines 8–10), and the server step α
   (`ntkfedavg.server_lr`): θ ← c + α·τ̄.
 
-Not here yet (issue text): the pretrained linearisation point, the linear-model
-evaluation (B), server-α tuning, benchmark A and the configs.
+Evaluation tools (spec §2.4, §2.6): `linear_outputs` is the linear model the
+task vectors were trained in, evaluated at the new server model (evaluation B);
+`alpha_sweep` gives that model's outputs for a whole grid of server steps α
+from one `jax.linearize` per batch (the A.3 server-α tuning): along the line
+c + α·τ̄ the linear model is z0 + α·J_c τ̄, so the grid costs one forward and
+one JVP, not a forward per α.
+
+Not here yet (issue text): the pretrained linearisation point, wiring the
+evaluation B and the α tuning into the run, benchmark A and the configs.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +39,8 @@ from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, Serv
                                         linearized_forward, tree_mean)
 from fedjax_mtl.algorithms.plugin_math import add_scaled
 from fedjax_mtl.errors import ConfigError
+
+PyTree = Any
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -65,6 +76,30 @@ def server(alpha: float, negate: tuple[int, ...]) -> Server:
     return out, state, {'ntk_negated_rows': jnp.sum(valid & (sign < 0))}
 
   return Server(init=lambda views: ServerState(), apply=apply)
+
+
+def linear_outputs(apply: Callable, c: PyTree, theta: PyTree, x: jax.Array) -> PyTree:
+  """Evaluation B: f(x; c) + J_c(x)(θ − c), the model linearised around c at θ, by one
+  `jax.jvp`. `apply(params, x)` returns the outputs (logits, or the embedding a
+  frozen head reads)."""
+  delta = jax.tree.map(jnp.subtract, theta, c)
+  z0, dz = jax.jvp(lambda p: apply(p, x), (c,), (delta,))
+  return jax.tree.map(jnp.add, z0, dz)
+
+
+def alpha_sweep(apply: Callable, c: PyTree, tau: PyTree, x: jax.Array, alphas: jax.Array,
+                head: Callable | None = None) -> jax.Array:
+  """The linear model's outputs at c + α·τ for every α of `alphas` [A]: [A, ...].
+
+  One `jax.linearize` of `apply(·, x)` at c (a forward) and one JVP of τ give
+  z0 and J_c τ; the outputs along the line are z0 + α·J_c τ, and a frozen
+  non-linear `head` (e.g. CLIP's normalised zero-shot classifier) is applied
+  per α to those. Equals `linear_outputs(apply, c, c + α·τ, x)` for each α."""
+  z0, jvp = jax.linearize(lambda p: apply(p, x), c)
+  dz = jvp(tau)
+  alphas = jnp.asarray(alphas, z0.dtype)
+  z = z0[None] + alphas.reshape((-1,) + (1,) * z0.ndim) * dz[None]
+  return z if head is None else jax.vmap(head)(z)
 
 
 def build(info: FedInfo, config=None) -> Algorithm:
