@@ -28,8 +28,10 @@ def vit():
   return apply, c, images
 
 
-def _dir(c, seed):
-  return {k: 0.05 * jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), i), v.shape)
+def _dir(c, seed, heads=True):
+  """A random direction over the params (zero on the heads with heads=False)."""
+  return {k: (0.05 if heads or not base.is_head_key(k) else 0.)
+          * jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(seed), i), v.shape)
           for i, (k, v) in enumerate(sorted(c.items()))}
 
 
@@ -38,7 +40,8 @@ def test_linearised_forward_at_c_is_the_model_and_affine(vit):
   lin = jax.jit(lambda p: base.linearized_forward(apply, p, c, None, x, None))
   plain = apply(c, None, x, None)
   np.testing.assert_allclose(lin(c), plain, rtol=1e-5, atol=1e-5)
-  d1, d2 = _dir(c, 1), _dir(c, 2)
+  # Affine in the backbone (the heads stay non-linear, spec §2.6).
+  d1, d2 = _dir(c, 1, heads=False), _dir(c, 2, heads=False)
   at = lambda a, b: lin(jax.tree.map(lambda c0, u, v: c0 + a * u + b * v, c, d1, d2))
   f0, f1, f2 = at(0., 0.), at(1., 0.), at(0., 1.)
   # Exactly affine: f(c + a d1 + b d2) = f(c) + a (f(c+d1) - f(c)) + b (f(c+d2) - f(c)).
@@ -46,6 +49,9 @@ def test_linearised_forward_at_c_is_the_model_and_affine(vit):
   want = f0 + 2.5 * (f1 - f0) - 1.5 * (f2 - f0)
   np.testing.assert_allclose(np.asarray(at(2.5, -1.5))[keep], np.asarray(want)[keep],
                              rtol=1e-4, atol=1e-4)
+  # The heads enter as they are: moving only them gives the model itself at (c_b, θ_h).
+  h = jax.tree.map(lambda c0, u, v: c0 + u - v, c, _dir(c, 3), _dir(c, 3, heads=False))
+  np.testing.assert_allclose(lin(h), apply(h, None, x, None), rtol=1e-5, atol=1e-5)
   # ... while the model itself is not affine along the same line.
   g = lambda a, b: apply(jax.tree.map(lambda c0, u, v: c0 + a * u + b * v, c, d1, d2), None, x,
                          None)
@@ -110,6 +116,9 @@ def test_without_linearisation_the_round_is_the_uniform_mean_of_the_local_round(
     np.testing.assert_allclose(v, want, rtol=1e-4, atol=1e-6)
   lin, out = _round1(run_lib.build(_ntk()))
   assert all(np.isfinite(np.asarray(v)).all() for v in lin.shared.values())
+  # The heads start at zero; linearising them too would freeze the adapters (J_c = 0).
+  assert all(not np.allclose(lin.shared[k], run.trainable[k]) for k in lin.shared
+             if k.endswith('lora_b'))
   assert any(not np.allclose(lin.shared[k], new.shared[k]) for k in new.shared)
 
 
@@ -169,3 +178,26 @@ def test_alpha_sweep_is_the_linear_model_along_the_line(vit):
   keep = np.asarray(apply(c, x)) > -1e8
   assert np.abs(np.asarray(ntkfedavg.linear_outputs(apply, c, far, x) - apply(far, x))[keep]
                 ).max() > 1e-4
+
+
+def test_evaluation_b_is_logged_and_is_the_model_at_its_linearisation_point(tmp_path):
+  """A linearised NTKFedAvg run logs the linear model (evaluation B) beside the model
+  (A) at every evaluation; evaluated with c = the current server model, B is A."""
+  from fedjax_mtl.report import read_jsonl
+  cfg = _ntk(**{'num_rounds': 1, 'optim.lr': 0.05})
+  out = run_lib.train_and_evaluate(cfg, str(tmp_path / 'w'))
+  rows = [r for r in read_jsonl(str(tmp_path / 'w' / 'metrics.jsonl')) if r['type'] == 'eval']
+  metrics = {r['metric'] for r in rows}
+  assert metrics == {'accuracy', 'loss', 'accuracy_linear', 'loss_linear'}
+  a = {r['task']: r['value'] for r in rows if r['metric'] == 'loss'}
+  b = {r['task']: r['value'] for r in rows if r['metric'] == 'loss_linear'}
+  assert a.keys() == b.keys() and any(abs(a[t] - b[t]) > 1e-3 for t in a)
+  run = run_lib.build(cfg)
+  test = run_lib._concat(run.data.test)
+  state = out['state']
+  same = run_lib.evaluate(run, state, test, start=state.shared)
+  get = lambda m: np.array([r['value'] for r in same if r['metric'] == m])
+  np.testing.assert_allclose(get('loss_linear'), get('loss'), rtol=1e-4)
+  np.testing.assert_allclose(get('accuracy_linear'), get('accuracy'))
+  # FedAvg (the plain forward) logs no evaluation B.
+  assert run_lib.build(_ntk(**{'ntkfedavg.linearize': False})).eval_linear_fn is None

@@ -172,15 +172,39 @@ def plain_forward(apply: Callable, params: PyTree, start: PyTree, batch_stats: P
   return apply(params, batch_stats, image, key)
 
 
+def is_head_key(key: str) -> bool:
+  """Whether a top-level parameter key is a prediction head: the many-task model's
+  `head/...` leaves and the dense model's `head_<slot>` modules."""
+  return key.split('/')[0] == 'head' or key.startswith('head_')
+
+
 def linearized_forward(apply: Callable, params: PyTree, start: PyTree, batch_stats: PyTree,
-                       image: jax.Array, key: jax.Array):
+                       image: jax.Array, key: jax.Array,
+                       nonlinear: Callable[[str], bool] = is_head_key):
   """The NTK-linearised apply around the round's start c (NTKFedAvg spec §2.3):
   f(x; c) + J_c(x)(θ − c) by one `jax.jvp` (a forward and a tangent pass; its
   gradient is reverse-over-forward). c is a constant (`stop_gradient`). For
-  applies that return one output pytree (the many-task round's logits)."""
-  c = jax.lax.stop_gradient(start)
-  delta = jax.tree.map(lambda p, c0: p - c0, params, c)
-  primal, tangent = jax.jvp(lambda p: apply(p, batch_stats, image, key), (c,), (delta,))
+  applies that return one output pytree (the many-task round's logits).
+
+  Only the backbone is linearised: the top-level entries of `params` for which
+  `nonlinear(key)` holds (the heads, `is_head_key`) enter at their current
+  values θ_h, so the output is f(x; c_b, θ_h) + J_b(θ_b − c_b), the heads
+  applied to the linearised backbone (exactly so for a linear head). Spec §2.6
+  keeps heads out of the linearisation; linearising a zero-initialised head
+  too would make J_c zero for every backbone leaf and leave the backbone
+  untrained."""
+  heads = {k: v for k, v in params.items() if nonlinear(k)}
+  backbone = {k: v for k, v in params.items() if not nonlinear(k)}
+  c = jax.lax.stop_gradient({k: v for k, v in start.items() if not nonlinear(k)})
+  return linear_outputs(lambda p, x: apply({**p, **heads}, batch_stats, x, key), c, backbone,
+                        image)
+
+
+def linear_outputs(apply: Callable, c: PyTree, theta: PyTree, x: jax.Array) -> PyTree:
+  """f(x; c) + J_c(x)(θ − c): `apply(params, x)` linearised around c, at θ, by one
+  `jax.jvp` (NTKFedAvg's client forward, and its evaluation B of spec §2.4)."""
+  delta = jax.tree.map(jnp.subtract, theta, c)
+  primal, tangent = jax.jvp(lambda p: apply(p, x), (c,), (delta,))
   return jax.tree.map(jnp.add, primal, tangent)
 
 

@@ -15,8 +15,9 @@ benchmark B runs there; the dense benchmark A is not wired yet):
   (federated unlearning, lines 8–10), and the server step α
   (`ntkfedavg.server_lr`): θ ← c + α·τ̄.
 
-Evaluation tools (spec §2.4, §2.6): `linear_outputs` is the linear model the
-task vectors were trained in, evaluated at the new server model (evaluation B);
+Evaluation tools (spec §2.4, §2.6): `linear_outputs` (from `base`) is the linear
+model the task vectors were trained in, evaluated at the new server model
+(evaluation B; a many-task run logs it as `accuracy_linear` at every evaluation);
 `alpha_sweep` gives that model's outputs for a whole grid of server steps α
 from one `jax.linearize` per batch (the A.3 server-α tuning): along the line
 c + α·τ̄ the linear model is z0 + α·J_c τ̄, so the grid costs one forward and
@@ -36,7 +37,7 @@ import ml_collections
 
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
                                         ServerState, broadcast_rows, config_block,
-                                        linearized_forward, tree_mean)
+                                        linear_outputs, linearized_forward, tree_mean)
 from fedjax_mtl.algorithms.plugin_math import add_scaled
 from fedjax_mtl.errors import ConfigError
 
@@ -76,15 +77,6 @@ def server(alpha: float, negate: tuple[int, ...]) -> Server:
     return out, state, {'ntk_negated_rows': jnp.sum(valid & (sign < 0))}
 
   return Server(init=lambda views: ServerState(), apply=apply)
-
-
-def linear_outputs(apply: Callable, c: PyTree, theta: PyTree, x: jax.Array) -> PyTree:
-  """Evaluation B: f(x; c) + J_c(x)(θ − c), the model linearised around c at θ, by one
-  `jax.jvp`. `apply(params, x)` returns the outputs (logits, or the embedding a
-  frozen head reads)."""
-  delta = jax.tree.map(jnp.subtract, theta, c)
-  z0, dz = jax.jvp(lambda p: apply(p, x), (c,), (delta,))
-  return jax.tree.map(jnp.add, z0, dz)
 
 
 def alpha_sweep(apply: Callable, c: PyTree, tau: PyTree, x: jax.Array, alphas: jax.Array,

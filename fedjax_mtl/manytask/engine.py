@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl.algorithms.base import (Algorithm, ClientCtx, ServerInputs, ServerState,
-                                        role_view)
+                                        linear_outputs, role_view)
 from fedjax_mtl.local import _sgd_step
 from fedjax_mtl.rounds import finite_rows
 from fedjax_mtl.manytask import model as model_lib
@@ -240,25 +240,35 @@ def eval_models(setting: Setting, where: dict) -> np.ndarray:
 
 
 def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
-              heads: np.ndarray | None = None):
+              heads: np.ndarray | None = None, linear: bool = False):
   """Jitted `(state, backbone, pairs [E], images, labels, offsets) -> (correct [E], loss [E])`:
   each pair's model (global + its task's head, or its own rows) on its task's test
-  split (`images`/`labels` concatenated over tasks, task t from `offsets[t]`)."""
+  split (`images`/`labels` concatenated over tasks, task t from `offsets[t]`).
+
+  `linear=True` (NTKFedAvg's evaluation B, spec §2.4): `(state, start, backbone, ...)`
+  evaluates the model linearised around c at the state's params, f(x; c) +
+  J_c(x)(θ − c), where c is `start` (the shared leaves at the round's start) with
+  the pair's own rows as they are now."""
   forward = model_lib.make_forward(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
   counts = jnp.asarray(test_counts, jnp.int32)
   num_batches = max(1, math.ceil(int(np.max(test_counts)) / batch))
 
-  def one(state, backbone, pair, images, labels, offsets):
+  def one(state, start, backbone, pair, images, labels, offsets):
     task = pair_task[pair]
     params = {**state.shared, **{k: v[task] for k, v in state.task_rows.items()},
               **{k: v[pair] for k, v in state.pair_rows.items()}}
+    if linear:
+      c = {**params, **start}
+      f = lambda x: linear_outputs(lambda p, x: forward(backbone, p, x, task), c, params, x)
+    else:
+      f = lambda x: forward(backbone, params, x, task)
 
     def body(acc, b):
       pos = b * batch + jnp.arange(batch)
       valid = pos < counts[task]
       i = offsets[task] + jnp.minimum(pos, counts[task] - 1)
-      logits = forward(backbone, params, images[i], task)
+      logits = f(images[i])
       y = labels[i]
       nll = model_lib.nll(logits, y)
       right = (jnp.argmax(logits, -1) == y) & valid
@@ -269,6 +279,9 @@ def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
     return right, nll / counts[task]
 
   def eval_fn(state, backbone, pairs, images, labels, offsets):
-    return jax.lax.map(lambda p: one(state, backbone, p, images, labels, offsets), pairs)
+    return jax.lax.map(lambda p: one(state, None, backbone, p, images, labels, offsets), pairs)
 
-  return jax.jit(eval_fn)
+  def eval_linear(state, start, backbone, pairs, images, labels, offsets):
+    return jax.lax.map(lambda p: one(state, start, backbone, p, images, labels, offsets), pairs)
+
+  return jax.jit(eval_linear if linear else eval_fn)

@@ -35,7 +35,7 @@ import numpy as np
 
 from fedjax_mtl import algorithms, report, validate
 from fedjax_mtl.algorithms import matu_math
-from fedjax_mtl.algorithms.base import config_block, role_view
+from fedjax_mtl.algorithms.base import config_block, plain_forward, role_view
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.local import make_optimizer
@@ -111,6 +111,8 @@ class Run:
   round_fn: object
   eval_fn: object
   eval_pairs: np.ndarray
+  # NTKFedAvg's evaluation B (`engine.make_eval(linear=True)`), else None.
+  eval_linear_fn: object = None
 
 
 def slot_info(setting: setting_lib.Setting, config) -> algorithms.FedInfo:
@@ -150,9 +152,13 @@ def build(config) -> Run:
                                local_steps=steps, heads=heads, origin=trainable)
   test_counts = np.array([len(lab) for _, lab in data.test])
   eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)
+  linear = alg.name == 'ntkfedavg' and alg.client.forward is not plain_forward
+  eval_linear_fn = (engine.make_eval(setting, model, test_counts, int(config.eval_batch_size),
+                                     heads, linear=True) if linear else None)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
              trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
-             eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where))
+             eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where),
+             eval_linear_fn=eval_linear_fn)
 
 
 def zeroshot_heads(cfg, setting: setting_lib.Setting, model) -> np.ndarray:
@@ -219,17 +225,24 @@ def _concat(split) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   return images, labels, offsets
 
 
-def evaluate(run: Run, state, test) -> list[dict]:
-  """Per task: top-1 accuracy (%) and test loss, averaged over the evaluated models."""
-  right, loss = jax.device_get(run.eval_fn(state, run.backbone, jnp.asarray(run.eval_pairs),
-                                           *test))
+def evaluate(run: Run, state, test, start=None) -> list[dict]:
+  """Per task: top-1 accuracy (%) and test loss, averaged over the evaluated models.
+  With `start` (the shared leaves at the round's start), the linearised model's
+  too (NTKFedAvg's evaluation B): `accuracy_linear` and `loss_linear`."""
+  pairs = jnp.asarray(run.eval_pairs)
+  outs = [('', jax.device_get(run.eval_fn(state, run.backbone, pairs, *test)))]
+  if start is not None:
+    outs.append(('_linear', jax.device_get(run.eval_linear_fn(state, start, run.backbone, pairs,
+                                                              *test))))
   counts = [len(y) for _, y in run.data.test]
   rows = []
   for t, task in enumerate(run.setting.tasks):
     sel = run.setting.pairs[run.eval_pairs, 1] == t
-    acc = 100. * float(np.mean(right[sel])) / counts[t]
-    rows.append({'task': task, 'metric': 'accuracy', 'value': acc, 'models': int(sel.sum())})
-    rows.append({'task': task, 'metric': 'loss', 'value': float(np.mean(loss[sel]))})
+    for suffix, (right, loss) in outs:
+      acc = 100. * float(np.mean(right[sel])) / counts[t]
+      rows.append({'task': task, 'metric': 'accuracy' + suffix, 'value': acc,
+                   'models': int(sel.sum())})
+      rows.append({'task': task, 'metric': 'loss' + suffix, 'value': float(np.mean(loss[sel]))})
   return rows
 
 
@@ -293,6 +306,10 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     for rnd in range(start + 1, total + 1):
       t0 = time.perf_counter()
       slots = run.setting.schedule[rnd - 1]
+      evaluated = rnd % int(config.eval_every) == 0 or rnd == total
+      # The round donates the state: keep the shared leaves it starts from for evaluation B.
+      start_shared = (jax.tree.map(jnp.copy, state.shared)
+                      if evaluated and run.eval_linear_fn is not None else None)
       state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], *feed(rnd - 1))
       out = jax.device_get(out)
       bad = [run.setting.pair_name(p) for p, ok, real in zip(slots, out['finite'], out['real'])
@@ -311,9 +328,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
       rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round(round_bits.sum())),
                    'bits_per_task': float(round_bits.mean()),
                    **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}})
-      evaluated = rnd % int(config.eval_every) == 0 or rnd == total
       if evaluated:
-        final = [{'round': rnd, 'type': 'eval', **r} for r in evaluate(run, state, test)]
+        final = [{'round': rnd, 'type': 'eval', **r}
+                 for r in evaluate(run, state, test, start_shared)]
         rows += final
       report.append_jsonl(metrics_path, rows)
       if rnd % int(config.checkpoint_every) == 0 or rnd == total:
