@@ -201,3 +201,40 @@ def test_evaluation_b_is_logged_and_is_the_model_at_its_linearisation_point(tmp_
   np.testing.assert_allclose(get('accuracy_linear'), get('accuracy'))
   # FedAvg (the plain forward) logs no evaluation B.
   assert run_lib.build(_ntk(**{'ntkfedavg.linearize': False})).eval_linear_fn is None
+
+
+def test_config_gives_one_client_per_task_and_refuses_benchmark_a():
+  from fedjax_mtl import config_doc
+  from fedjax_mtl.manytask.setting import benchmark_tasks
+  for variant in ('', ':mini8', ':smoke', ':paper'):
+    c = config_doc.load_config(f'configs/ntkfedavg.py{variant}')
+    groups = c.many.client_tasks.split(';')
+    assert c.algorithm == 'ntkfedavg' and c.many.num_clients == len(groups)
+    assert set(groups) <= set(benchmark_tasks(c.many.benchmark)) and len(set(groups)) == len(groups)
+    assert c.many.participation == 1.0 and c.ntkfedavg.server_lr == 1.0
+  with pytest.raises(ValueError, match='benchmark=pascal .* is not built yet'):
+    config_doc.load_config('configs/ntkfedavg.py:paper,benchmark=pascal')
+
+
+def test_unlearning_script_reads_target_and_other_curves(tmp_path, monkeypatch):
+  import os
+  import sys
+  monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'scripts'))
+  sys.modules.pop('ntk_unlearning', None)
+  import ntk_unlearning
+  from fedjax_mtl import report
+  rows = [{'round': r, 'type': 'eval', 'task': t, 'metric': m, 'value': v}
+          for r, (d, o) in enumerate([(40., 50.), (5., 48.), (0.5, 47.)], start=1)
+          for t, m, v in (('digits', 'accuracy', d), ('shapes', 'accuracy', o),
+                          ('colors', 'accuracy', o + 2), ('digits', 'accuracy_linear', d + 1),
+                          ('digits', 'loss', 9.))]
+  report.append_jsonl(str(tmp_path / 'metrics.jsonl'), rows)
+  c = ntk_unlearning.curves(str(tmp_path), 'digits')
+  assert c['target'] == {1: 40., 2: 5., 3: 0.5} and c['others'] == {1: 51., 2: 49., 3: 48.}
+  assert c['target_linear'][3] == 1.5 and 'others_linear' not in c
+  assert ntk_unlearning.first_round_at_most(c['target']) == 3
+  assert ntk_unlearning.first_round_at_most(c['target_linear']) is None
+  text = ntk_unlearning.write({'ntkfedavg': [c]}, 'digits', str(tmp_path))
+  assert 'digits ≤ 1 % first at round 3' in text and (tmp_path / 'unlearning.png').exists()
+  assert '| ntkfedavg | 3 | 0.5 | 1.5 | 48.0 | – |' in text
