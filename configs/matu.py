@@ -28,7 +28,7 @@ average); `matu.cross`: 'similarity', 'none', 'uniform' (Fig. 6b).
 """
 
 from fedjax_mtl.algorithms.matu import default_config
-from fedjax_mtl.defaults import VARIANTS, base_config, many_task_paper, parse_arg
+from fedjax_mtl.defaults import many_task_config, many_task_paper
 
 TABLES = ('1', '2', 'fig4', 'fig5', 'fig6a', 'fig6b')
 
@@ -82,15 +82,4 @@ def _setup(c, variant: str, table: str, items: dict) -> None:
 
 
 def get_config(arg=None):
-  variant, kv = parse_arg(arg)
-  if variant not in VARIANTS:
-    raise ValueError(f'unknown config variant {variant!r}; valid choices: '
-                     + ', '.join(map(repr, VARIANTS)))
-  table = kv.pop('table', '1')
-  # Every variant is many-task: built on mini8's base, then adjusted.
-  items = ','.join(['mini8'] + [f'{k}={v}' for k, v in kv.items()])
-  def setup(c, v, rest):
-    c.matu = default_config()
-    _setup(c, variant, table, rest)
-
-  return base_config(items, algorithm='matu', setup=setup)
+  return many_task_config(arg, 'matu', default_config(), _setup, 'table', '1')

@@ -22,12 +22,12 @@ pretrained linearisation point and the in-run server-α tuning.
 """
 
 from fedjax_mtl.algorithms.ntkfedavg import default_config
-from fedjax_mtl.defaults import VARIANTS, base_config, many_task_paper, parse_arg
+from fedjax_mtl.defaults import many_task_config, many_task_paper
 
 BENCHMARKS = ('clip', 'pascal')
 
 
-def _setup(c, variant: str, benchmark: str) -> None:
+def _setup(c, variant: str, benchmark: str, items: dict) -> None:
   if benchmark not in BENCHMARKS:
     raise ValueError(f'unknown benchmark {benchmark!r} of configs/ntkfedavg.py; valid '
                      'choices: ' + ', '.join(map(repr, BENCHMARKS)))
@@ -51,15 +51,4 @@ def _setup(c, variant: str, benchmark: str) -> None:
 
 
 def get_config(arg=None):
-  variant, kv = parse_arg(arg)
-  if variant not in VARIANTS:
-    raise ValueError(f'unknown config variant {variant!r}; valid choices: '
-                     + ', '.join(map(repr, VARIANTS)))
-  benchmark = kv.pop('benchmark', 'clip')
-  items = ','.join(['mini8'] + [f'{k}={v}' for k, v in kv.items()])
-
-  def setup(c, v, rest):
-    c.ntkfedavg = default_config()
-    _setup(c, variant, benchmark)
-
-  return base_config(items, algorithm='ntkfedavg', setup=setup)
+  return many_task_config(arg, 'ntkfedavg', default_config(), _setup, 'benchmark', 'clip')

@@ -63,6 +63,27 @@ def many_task_paper(c: ml_collections.ConfigDict, algorithm: str, table: str) ->
   c.optim.lr = 1e-3  # spec matu §4
 
 
+def many_task_config(arg: str | None, algorithm: str, block, setup, key: str,
+                     default: str) -> ml_collections.ConfigDict:
+  """The config of an algorithm that runs in the many-task setting only (MaTU,
+  NTKFedAvg for now): every variant is built on mini8's base with the
+  algorithm's `block` ConfigDict, then `setup(config, variant, value, items)`
+  adjusts it, where `value` is the arg's `key=` item (`default` when absent)
+  and `items` the remaining `key=value` items it may consume."""
+  variant, kv = parse_arg(arg)
+  if variant not in VARIANTS:
+    raise ValueError(f'unknown config variant {variant!r}; valid choices: '
+                     + ', '.join(map(repr, VARIANTS)))
+  value = kv.pop(key, default)
+  items = ','.join(['mini8'] + [f'{k}={v}' for k, v in kv.items()])
+
+  def adjust(c, v, rest):
+    c[algorithm] = block
+    setup(c, variant, value, rest)
+
+  return base_config(items, algorithm=algorithm, setup=adjust)
+
+
 def mini8(c: ml_collections.ConfigDict) -> None:
   """The many-task setting on the offline mini8 benchmark (MaTU spec §1 scaled
   down): 10 clients, one task each (zeta_t = 0), Dirichlet(0.1) class splits, every

@@ -1238,7 +1238,7 @@ def main(argv=None):
       results['gpu'] = bench_steps.bench_gpu(a.repeats, a.peak_tflops, log, a.gpu_scale,
                                              tuple(filter(None, a.gpu_rows.split(','))))
     else:
-      res = lambda n: max(32, int(round(n * a.gpu_scale / 32)) * 32)
+      res = lambda n: bench_steps.scaled(n, a.gpu_scale)
       results['ntk_step'] = bench_steps.bench_ntk_step(
           a.repeats, deeplab=(res(512), 16), clip=(res(224), 32), log=log)
   print(f"reuse_host_memory{'':17s} {reuse}")

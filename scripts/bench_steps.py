@@ -43,6 +43,11 @@ class Task:
   consts: Callable = lambda state: ()  # state -> constant arguments (the linearisation point)
 
 
+def scaled(n: int, scale: float) -> int:
+  """Resolution `n` scaled by `scale`, a multiple of 32 (at least 32)."""
+  return max(32, int(round(n * scale / 32)) * 32)
+
+
 def _ce(logits, labels):
   return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
                                                          labels).mean()
@@ -334,7 +339,7 @@ def bench_gpu(repeats: int = 5, peak_tflops: float = 0.0, log=print, scale: floa
   MFU counts the model FLOPs of the step without remat. `scale` shrinks the
   resolutions (a CPU dry run); `only` picks rows by name (default: all)."""
   peak = peak_flops(peak_tflops)
-  r = lambda n: max(32, int(round(n * scale / 32)) * 32)
+  r = lambda n: scaled(n, scale)
   both, plain = (False, True), (False,)
   rows = [
       ('fedhca2_swin_t', lambda remat: swin_task(r(512), 8, remat=remat), both),
@@ -388,7 +393,7 @@ def main(argv=None):
                  help='timed calls per workload after a warm-up; the best is reported '
                       '(default: %(default)s)')
   a = p.parse_args(argv)
-  res = lambda n: max(32, int(round(n * a.scale / 32)) * 32)
+  res = lambda n: scaled(n, a.scale)
   if a.mode == 'gpu':
     out = bench_gpu(a.repeats, scale=a.scale, only=tuple(filter(None, a.rows.split(','))))
   else:
