@@ -483,9 +483,11 @@ _D = 12
 _HOLD = {0: (0, 1), 1: (1, 2), 2: (0, 1, 2)}
 
 
-def _round_case(seed=2):
+def _round_case(seed=2, d=None):
   """Rows (client, task, tau, count, valid): tasks 0 and 1 share most of a
-  common direction (similar: S > eps), task 2 is mostly its own; one padding row."""
+  common direction (similar: S > eps), task 2 is mostly its own; one padding row.
+  `d` columns (default `_D`)."""
+  _D = d or globals()['_D']
   rng = np.random.default_rng(seed)
   common = rng.normal(size=_D)
   base = {0: common + 0.3 * rng.normal(size=_D),
@@ -529,6 +531,23 @@ def test_round_update_matches_oracle(cross, kappa, combine, num_tasks):
                               for t in range(num_tasks)], rtol=1e-5)
   if cross == 'similarity':
     assert (np.asarray(logs['matu_cross_weights']) > 0).any()
+
+
+@pytest.mark.parametrize('single', [False, True])
+def test_round_update_over_many_column_blocks_matches_oracle(monkeypatch, single):
+  """`round_update` walks column blocks (`round_blocks`): with 128-column blocks over
+  1,000 columns (seven full blocks and a ragged one) it is the oracle's round, for
+  multi-task clients and for one task per client (the path without segment ops)."""
+  monkeypatch.setattr(mm, '_BLOCK', 1)  # the smallest block: 128 columns
+  rows = _round_case(d=1000)
+  if single:  # one row per client: client ids 0..S-1
+    rows = [(i, t, tau, c, ok) for i, (_, t, tau, c, ok) in enumerate(rows)]
+  kw = dict(rho=0.4, eps=0.5, kappa=2, cross='similarity', combine='avg')
+  rec_ref, _, w_ref = np_round(rows, 3, **kw)
+  rec, logs = jax.jit(mm.round_update, static_argnames=('num_tasks', 'kappa', 'cross',
+                                                        'combine'))(*_round_inputs(rows), 3, **kw)
+  np.testing.assert_allclose(np.asarray(rec), rec_ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(logs['matu_cross_weights']), w_ref, rtol=1e-5, atol=0)
 
 
 def test_round_case_similarity_has_no_boundary_ties():

@@ -82,8 +82,12 @@ def server(cfg, num_tasks: int) -> Server:
     local, spec = _flatten(x.local)
     origin, _ = _flatten(jax.tree.map(lambda v: v[None], x.origin))
     valid = (jnp.ones(local.shape[0], bool) if x.row_valid is None else x.row_valid)
-    recovered, logs = mm.round_update(local - origin, x.row_client, x.row_task,
-                                      x.num_examples, valid, num_tasks, tie=cfg.tie, **kw)
+    # τ = local − origin, block by block inside the round (no [S, d] temporary).
+    cols = lambda v, start, w: jax.lax.dynamic_slice_in_dim(v, start, w, axis=1)
+    recovered, logs = mm.round_blocks(
+        (local, origin), lambda src, start, w: cols(src[0], start, w) - cols(src[1], start, w),
+        local.shape[1], x.row_client, x.row_task, x.num_examples, valid, num_tasks, tie=cfg.tie,
+        **kw)
     rows = jnp.where(valid[:, None], origin + recovered, local)
     return _unflatten(rows, spec), state, logs
 
