@@ -238,3 +238,36 @@ def test_unlearning_script_reads_target_and_other_curves(tmp_path, monkeypatch):
   text = ntk_unlearning.write({'ntkfedavg': [c]}, 'digits', str(tmp_path))
   assert 'digits ≤ 1 % first at round 3' in text and (tmp_path / 'unlearning.png').exists()
   assert '| ntkfedavg | 3 | 0.5 | 1.5 | 48.0 | – |' in text
+
+
+def test_zero_shot_head_is_applied_after_the_linearised_embedding(tmp_path):
+  """Benchmark B (spec §1.3): the CLIP tower's embedding is linearised and the frozen
+  zero-shot head normalises it afterwards. Evaluation B equals exp(scale) ·
+  normalize(g(c) + J_c (θ − c)) @ W computed here from one `jax.jvp` of the tower."""
+  from fedjax_mtl.data import image_preprocess
+  from fedjax_mtl.models import zeroshot
+  rng = np.random.default_rng(0)
+  heads = {'digits': rng.standard_normal((16, 10)), 'shapes': rng.standard_normal((16, 6))}
+  path = str(tmp_path / 'heads.npz')
+  zeroshot.save_heads(path, heads, logit_scale=np.log(50.))
+  run = run_lib.build(_ntk(**{'many.tasks': 'digits,shapes', 'many.model': 'clip_tiny_test',
+                              'many.resolution': 32, 'many.heads': path}))
+  state = run_lib.init_state(run)
+  c = dict(state.shared)
+  theta = {k: v + 0.3 * jax.random.normal(jax.random.PRNGKey(i), v.shape)
+           for i, (k, v) in enumerate(sorted(c.items()))}
+  state = state.replace(shared=theta)
+  test = run_lib._concat(run.data.test)
+  rows = run_lib.evaluate(run, state, test, start=c)
+  for t, task in enumerate(('digits', 'shapes')):
+    images, labels = run.data.test[t]
+    x = image_preprocess.normalize(images, 'clip')
+    emb = lambda p: run.model.apply({'params': model_lib.merge(run.backbone, p)}, x)[0]
+    z0, dz = jax.jvp(emb, (c,), (jax.tree.map(jnp.subtract, theta, c),))
+    z = np.asarray(z0 + dz, np.float64)
+    logits = 50. * (z / np.linalg.norm(z, axis=1, keepdims=True)) @ heads[task]
+    logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
+        - logits.max(1, keepdims=True)
+    want = -logp[np.arange(len(labels)), labels].mean()
+    got = next(r['value'] for r in rows if r['task'] == task and r['metric'] == 'loss_linear')
+    np.testing.assert_allclose(got, want, rtol=2e-4)

@@ -139,7 +139,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   `ServerInputs.origin` with each slot's client (`row_client`: the first slot
   of the same client) and task (`row_task`).
   """
-  forward = model_lib.make_forward(model, np.asarray(setting.num_classes), heads)
+  inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
   pair_counts = jnp.asarray(setting.pair_counts)
   pair_client = jnp.asarray(np.append(setting.pairs[:, 0], -1).astype(np.int32))
@@ -150,9 +150,10 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   client = alg.client
 
   def loss_fn(params, start, backbone, images, labels, task):
-    # The client part's forward (NTKFedAvg swaps in the linearised one around `start`).
-    logits = client.forward(lambda p, bs, x, key: forward(backbone, p, x, task), params, start,
-                            None, images, None)
+    # The client part's forward (NTKFedAvg swaps in the linearised one around `start`)
+    # of the part the trainable leaves act in; the frozen rest after it.
+    logits = finish(client.forward(lambda p, bs, x, key: inner(backbone, p, x), params, start,
+                                   None, images, None), task)
     loss = model_lib.cross_entropy(logits, labels)
     if client.loss is not None:
       loss = loss + client.loss(ClientCtx(params=params, start=start, state=(), server_rows={},
@@ -249,7 +250,7 @@ def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
   evaluates the model linearised around c at the state's params, f(x; c) +
   J_c(x)(θ − c), where c is `start` (the shared leaves at the round's start) with
   the pair's own rows as they are now."""
-  forward = model_lib.make_forward(model, np.asarray(setting.num_classes), heads)
+  inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
   counts = jnp.asarray(test_counts, jnp.int32)
   num_batches = max(1, math.ceil(int(np.max(test_counts)) / batch))
@@ -260,9 +261,9 @@ def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
               **{k: v[pair] for k, v in state.pair_rows.items()}}
     if linear:
       c = {**params, **start}
-      f = lambda x: linear_outputs(lambda p, x: forward(backbone, p, x, task), c, params, x)
+      f = lambda x: finish(linear_outputs(lambda p, x: inner(backbone, p, x), c, params, x), task)
     else:
-      f = lambda x: forward(backbone, params, x, task)
+      f = lambda x: finish(inner(backbone, params, x), task)
 
     def body(acc, b):
       pos = b * batch + jnp.arange(batch)

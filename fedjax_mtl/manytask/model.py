@@ -76,23 +76,36 @@ def checkpoint_norm(model) -> str:
   return 'clip' if isinstance(model, vit.CLIPVisionTower) else 'augreg'
 
 
+def make_forward_parts(model, class_counts: np.ndarray, heads: np.ndarray | None = None):
+  """`(inner, finish)` of `make_forward`: `inner(backbone, trainable, images)` is the
+  part the trainable leaves act in (the logits of the model's trained head, or the
+  embedding under frozen zero-shot `heads`), `finish(out, task)` the frozen rest
+  (the zero-shot head on the normalised embedding, the class mask). NTKFedAvg
+  linearises `inner` only (spec §1.3: normalisation precedes the text heads)."""
+  counts = jnp.asarray(class_counts, jnp.int32)
+  norm = checkpoint_norm(model)
+
+  def inner(backbone, trainable, images):
+    x = image_preprocess.normalize(images, norm)
+    features, logits = model.apply({'params': merge(backbone, trainable)}, x)
+    return features if heads is not None else logits
+
+  def finish(out, task):
+    logits = out if heads is None else zeroshot.zeroshot_logits(out, jnp.asarray(heads)[task])
+    keep = jnp.arange(logits.shape[-1]) < counts[task]
+    return jnp.where(keep, logits.astype(jnp.float32), MASKED_LOGIT)
+
+  return inner, finish
+
+
 def make_forward(model, class_counts: np.ndarray, heads: np.ndarray | None = None):
   """`forward(backbone, trainable, images uint8 [B, R, R, 3], task) -> logits [B, C_max]`
   with the logits past task `task`'s class count masked. `heads` [T, E, C_max]:
   frozen zero-shot heads (already scaled by exp(logit_scale)) on the normalised
   embedding instead of the model's trained head."""
-  counts = jnp.asarray(class_counts, jnp.int32)
-  norm = checkpoint_norm(model)
-
-  def forward(backbone, trainable, images, task):
-    x = image_preprocess.normalize(images, norm)
-    features, logits = model.apply({'params': merge(backbone, trainable)}, x)
-    if heads is not None:
-      logits = zeroshot.zeroshot_logits(features, jnp.asarray(heads)[task])
-    keep = jnp.arange(logits.shape[-1]) < counts[task]
-    return jnp.where(keep, logits.astype(jnp.float32), MASKED_LOGIT)
-
-  return forward
+  inner, finish = make_forward_parts(model, class_counts, heads)
+  return lambda backbone, trainable, images, task: finish(inner(backbone, trainable, images),
+                                                          task)
 
 
 def nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
