@@ -7,7 +7,9 @@ The many-task setting only for now (NTKFedAvg spec §1.3's benchmark B). Variant
   with all of its task's training data, evaluated every round.
   `--config.ntkfedavg.negate=0` unlearns `digits` (the MNIST analogue, spec
   §3.1); `--config.ntkfedavg.linearize=false` is FedAvg with the same server
-  (task negation included); `--config.ntkfedavg.server_lr` is α.
+  (task negation included); `--config.ntkfedavg.server_lr` is α;
+  `--config.ntkfedavg.point=pretrained` linearises around the initial model every
+  round (the linearisation-point ablation; clients still start from the server model).
 - `configs/ntkfedavg.py:smoke`: seconds (3 tasks, 2 rounds, small data).
 - `configs/ntkfedavg.py:paper` (= `:paper,benchmark=clip`): the same allocation
   (client n holds the n-th of the real 8 tasks in `tfds_tasks.TASKS` order: sun397,
@@ -17,8 +19,8 @@ The many-task setting only for now (NTKFedAvg spec §1.3's benchmark B). Variant
   frozen zero-shot heads is `--config.many.model=clip_vit_b32_256
   --config.many.resolution=256 --config.many.heads=<npz of scripts/zeroshot_heads.py>`.
 
-Not yet: benchmark A (`paper,benchmark=pascal`, the dense MaT-FL setting), the
-pretrained linearisation point and the in-run server-α tuning.
+Not yet: benchmark A (`paper,benchmark=pascal`, the dense MaT-FL setting) and the
+in-run server-α tuning.
 """
 
 from fedjax_mtl.algorithms.ntkfedavg import default_config

@@ -258,6 +258,9 @@ FIELDS: dict[str, Field] = {
                               "unlearning), comma-separated ids ('' = none)"),
     'ntkfedavg.linearize': Field('NTKFedAvg: clients train the NTK-linearised model (False: '
                                  'the plain forward, FedAvg with this server)'),
+    'ntkfedavg.point': Field("NTKFedAvg: linearisation point: server (the round's server "
+                             'model) or pretrained (the initial model, every round)',
+                             choices=lambda: ('server', 'pretrained')),
     'hca2.encoder_agg': Field('FedHCA2 encoder aggregation (ablation: fedavg, none)',
                               choices=_encoder_rules),
     'hca2.decoder_agg': Field('FedHCA2 decoder aggregation (ablation: fedavg, none)',

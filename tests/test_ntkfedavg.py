@@ -126,6 +126,7 @@ def test_without_linearisation_the_round_is_the_uniform_mean_of_the_local_round(
     ({'ntkfedavg.negate': '1,x'}, "ntkfedavg.negate entry 'x' is not a client id"),
     ({'ntkfedavg.negate': '9'}, 'names client 9, which does not exist; valid ids: 0..5'),
     ({'ntkfedavg.server_lr': 0.0}, 'ntkfedavg.server_lr=0.0 is out of range'),
+    ({'ntkfedavg.point': 'init'}, "unknown ntkfedavg.point 'init'; valid choices"),
 ])
 def test_bad_input_is_one_line(tmp_path, over, message):
   from fedjax_mtl import train
@@ -271,3 +272,26 @@ def test_zero_shot_head_is_applied_after_the_linearised_embedding(tmp_path):
     want = -logp[np.arange(len(labels)), labels].mean()
     got = next(r['value'] for r in rows if r['task'] == task and r['metric'] == 'loss_linear')
     np.testing.assert_allclose(got, want, rtol=2e-4)
+
+
+def test_pretrained_linearisation_point_is_the_origin_every_round():
+  """`ntkfedavg.point='pretrained'` linearises around θ_0 every round (spec §2.3's
+  ablation); clients still start from the server model. Round 1 starts at θ_0, so
+  both points give the same round; from round 2 on they differ."""
+  from fedjax_mtl.manytask.feed import RoundFeed
+  runs = [run_lib.build(_ntk(**{'ntkfedavg.point': p, 'optim.lr': 0.05}))
+          for p in ('server', 'pretrained')]
+  states = []
+  for run in runs:
+    images, labels, _ = run_lib._concat(run.data.train)
+    feed = RoundFeed(run.setting, images, labels, 'device')
+    state = run_lib.init_state(run)
+    out = []
+    for r in range(2):
+      state, _ = run.round_fn(state, run.backbone, jnp.asarray(run.setting.schedule[r]), *feed(r))
+      out.append(jax.tree.map(np.asarray, state.shared))
+    states.append(out)
+  (s1, s2), (p1, p2) = states
+  for k in s1:
+    np.testing.assert_array_equal(s1[k], p1[k])
+  assert any(not np.allclose(s2[k], p2[k]) for k in s2)

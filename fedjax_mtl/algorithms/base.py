@@ -229,6 +229,10 @@ class Client:
   # starts from the params the server left it (FedACG's lookahead θ + λm); the
   # result is also the round's start point the server sees (`ServerInputs.prev`).
   begin: Callable[[PyTree, Mapping[str, PyTree], PyTree], PyTree] | None = None
+  # The point a linearised `forward` receives as its `start`: 'start' (the params the
+  # client starts the round from) or 'origin' (the run's initial params: NTKFedAvg's
+  # pretrained linearisation point; the many-task engine).
+  linearize_at: str = 'start'
 
 
 @dataclasses.dataclass(frozen=True)

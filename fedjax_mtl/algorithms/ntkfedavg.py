@@ -23,8 +23,11 @@ from one `jax.linearize` per batch (the A.3 server-α tuning): along the line
 c + α·τ̄ the linear model is z0 + α·J_c τ̄, so the grid costs one forward and
 one JVP, not a forward per α.
 
-Not here yet (issue text): the pretrained linearisation point, wiring the
-evaluation B and the α tuning into the run, benchmark A and the configs.
+`ntkfedavg.point='pretrained'` linearises around the run's initial model θ_0
+every round (`Client.linearize_at='origin'`), the ablation of spec §2.3.
+
+Not here yet (issue text): the α tuning inside a run and benchmark A (the
+dense engine).
 """
 
 from __future__ import annotations
@@ -44,9 +47,15 @@ from fedjax_mtl.errors import ConfigError
 PyTree = Any
 
 
+POINTS = ('server', 'pretrained')
+
+
 def default_config() -> ml_collections.ConfigDict:
-  """α = 1 (spec §4), no client negated, the linearised forward on."""
-  return ml_collections.ConfigDict({'server_lr': 1.0, 'negate': '', 'linearize': True})
+  """α = 1 (spec §4), no client negated, the linearised forward on, linearised
+  around the server model of the round (`point='server'`; 'pretrained': around
+  the run's initial model θ_0 every round, the Fig. 5 ablation)."""
+  return ml_collections.ConfigDict({'server_lr': 1.0, 'negate': '', 'linearize': True,
+                                    'point': 'server'})
 
 
 def negated_clients(cfg) -> tuple[int, ...]:
@@ -103,7 +112,13 @@ def build(info: FedInfo, config=None) -> Algorithm:
   if not float(cfg.server_lr) > 0:
     raise ConfigError(f'ntkfedavg.server_lr={cfg.server_lr} is out of range; valid range: '
                       'server_lr > 0')
-  client = Client(forward=linearized_forward) if cfg.linearize else Client()
+  point = str(cfg.get('point', 'server'))
+  if point not in POINTS:
+    raise ConfigError(f'ntkfedavg.point={point!r} is not a linearisation point; valid '
+                      'choices: ' + ', '.join(map(repr, POINTS)))
+  client = (Client(forward=linearized_forward,
+                   linearize_at='origin' if point == 'pretrained' else 'start')
+            if cfg.linearize else Client())
   return Algorithm(name='ntkfedavg', client=client,
                    server=server(float(cfg.server_lr), negated_clients(cfg)),
                    roles={'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'})

@@ -149,11 +149,19 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   shared = alg.shared_roles
   client = alg.client
 
+  if client.linearize_at not in ('start', 'origin') or (
+      client.linearize_at == 'origin' and origin is None):
+    raise ValueError(f'Client.linearize_at={client.linearize_at!r} needs start, or origin '
+                     'with the origin given')
+  point_of = ((lambda start: {**start, **{k: jnp.asarray(origin[k]) for k in start}})
+              if client.linearize_at == 'origin' else (lambda start: start))
+
   def loss_fn(params, start, backbone, images, labels, task):
-    # The client part's forward (NTKFedAvg swaps in the linearised one around `start`)
-    # of the part the trainable leaves act in; the frozen rest after it.
-    logits = finish(client.forward(lambda p, bs, x, key: inner(backbone, p, x), params, start,
-                                   None, images, None), task)
+    # The client part's forward (NTKFedAvg swaps in the one linearised around its
+    # point: the round's start, or the run's origin) of the part the trainable
+    # leaves act in; the frozen rest after it.
+    logits = finish(client.forward(lambda p, bs, x, key: inner(backbone, p, x), params,
+                                   point_of(start), None, images, None), task)
     loss = model_lib.cross_entropy(logits, labels)
     if client.loss is not None:
       loss = loss + client.loss(ClientCtx(params=params, start=start, state=(), server_rows={},

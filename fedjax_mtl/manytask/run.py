@@ -307,9 +307,13 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
       t0 = time.perf_counter()
       slots = run.setting.schedule[rnd - 1]
       evaluated = rnd % int(config.eval_every) == 0 or rnd == total
-      # The round donates the state: keep the shared leaves it starts from for evaluation B.
-      start_shared = (jax.tree.map(jnp.copy, state.shared)
-                      if evaluated and run.eval_linear_fn is not None else None)
+      # Evaluation B's linearisation point: the shared leaves the round starts from (a
+      # copy: the round donates the state), or the run's initial ones.
+      start_shared = None
+      if evaluated and run.eval_linear_fn is not None:
+        start_shared = (jax.tree.map(jnp.copy, state.shared)
+                        if run.algorithm.client.linearize_at == 'start' else
+                        {k: jnp.asarray(run.trainable[k]) for k in state.shared})
       state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], *feed(rnd - 1))
       out = jax.device_get(out)
       bad = [run.setting.pair_name(p) for p, ok, real in zip(slots, out['finite'], out['real'])
