@@ -74,6 +74,9 @@ def many_task_config(arg: str | None, algorithm: str, block, setup, key: str,
   if variant not in VARIANTS:
     raise ValueError(f'unknown config variant {variant!r}; valid choices: '
                      + ', '.join(map(repr, VARIANTS)))
+  if key != 'table' and 'table' in kv:
+    raise ValueError(f"configs/{algorithm}.py takes {key}=, not table= (e.g. "
+                     f"configs/{algorithm}.py:paper,{key}={default})")
   value = kv.pop(key, default)
   items = ','.join(['mini8'] + [f'{k}={v}' for k, v in kv.items()])
 

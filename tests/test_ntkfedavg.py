@@ -215,6 +215,8 @@ def test_config_gives_one_client_per_task_and_refuses_benchmark_a():
     assert c.many.participation == 1.0 and c.ntkfedavg.server_lr == 1.0
   with pytest.raises(ValueError, match='benchmark=pascal .* is not built yet'):
     config_doc.load_config('configs/ntkfedavg.py:paper,benchmark=pascal')
+  with pytest.raises(ValueError, match='takes benchmark=, not table='):
+    config_doc.load_config('configs/ntkfedavg.py:paper,table=1')
 
 
 def test_unlearning_script_reads_target_and_other_curves(tmp_path, monkeypatch):
