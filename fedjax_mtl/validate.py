@@ -85,6 +85,11 @@ def _encoder_rules() -> tuple:
   return hca2.ENCODER_RULES
 
 
+def _ntk_points() -> tuple:
+  from fedjax_mtl.algorithms import ntkfedavg
+  return ntkfedavg.POINTS
+
+
 def _decoder_rules() -> tuple:
   from fedjax_mtl.algorithms import hca2
   return hca2.DECODER_RULES
@@ -260,7 +265,7 @@ FIELDS: dict[str, Field] = {
                                  'the plain forward, FedAvg with this server)'),
     'ntkfedavg.point': Field("NTKFedAvg: linearisation point: server (the round's server "
                              'model) or pretrained (the initial model, every round)',
-                             choices=lambda: ('server', 'pretrained')),
+                             choices=_ntk_points),
     'hca2.encoder_agg': Field('FedHCA2 encoder aggregation (ablation: fedavg, none)',
                               choices=_encoder_rules),
     'hca2.decoder_agg': Field('FedHCA2 decoder aggregation (ablation: fedavg, none)',

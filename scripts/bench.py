@@ -550,7 +550,7 @@ def swin_step_runner(resolution: int, batch: int = 8, encoder: str = 'swin_t',
   return run, compile_s
 
 
-from bench_steps import PEAK_BF16_FLOPS  # noqa: E402  (dense bf16 peak by device kind)
+from bench_steps import PEAK_BF16_FLOPS, peak_flops  # noqa: E402  (bf16 peak by device kind)
 
 
 def model_flops(resolution: int, batch: int = 8, encoder: str = 'swin_t') -> float:
@@ -569,8 +569,7 @@ def bench_mfu(resolution: int = 512, batch: int = 8, encoder: str = 'swin_t',
   flops = model_flops(resolution, batch, encoder)
   run, compile_s = swin_step_runner(resolution, batch, encoder, jnp.dtype(dtype), remat)
   dt = _timeit(run, repeats)
-  kind = jax.devices()[0].device_kind
-  peak = peak_tflops * 1e12 or next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind), 0.0)
+  peak = peak_flops(peak_tflops)
   return {'encoder': encoder, 'resolution': resolution, 'batch': batch, 'dtype': dtype,
           'remat': remat, 'compile_s': compile_s, 'model_tflop_per_step': flops / 1e12,
           'step_s': dt, 'images_per_s': batch / dt, 'achieved_tflops': flops / dt / 1e12,

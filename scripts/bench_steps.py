@@ -202,6 +202,8 @@ def _flops(lowered) -> float:
 
 
 def peak_flops(override_tflops: float = 0.0) -> float:
+  """The first device's dense bf16 peak FLOP/s (`PEAK_BF16_FLOPS` by device kind; 0 when
+  unknown, e.g. on CPU), or `override_tflops` TFLOP/s when given."""
   kind = jax.devices()[0].device_kind
   return override_tflops * 1e12 or next(
       (v for k, v in PEAK_BF16_FLOPS.items() if k in kind), 0.0)

@@ -32,20 +32,17 @@ dense engine).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, broadcast_rows, config_block,
+from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, PyTree, Server,
+                                        ServerInputs, ServerState, broadcast_rows, config_block,
                                         linear_outputs, linearized_forward, tree_mean)
 from fedjax_mtl.algorithms.plugin_math import add_scaled
 from fedjax_mtl.errors import ConfigError
-
-PyTree = Any
-
 
 POINTS = ('server', 'pretrained')
 
@@ -112,7 +109,7 @@ def build(info: FedInfo, config=None) -> Algorithm:
   if not float(cfg.server_lr) > 0:
     raise ConfigError(f'ntkfedavg.server_lr={cfg.server_lr} is out of range; valid range: '
                       'server_lr > 0')
-  point = str(cfg.get('point', 'server'))
+  point = str(cfg.point)
   if point not in POINTS:
     raise ConfigError(f'ntkfedavg.point={point!r} is not a linearisation point; valid '
                       'choices: ' + ', '.join(map(repr, POINTS)))

@@ -35,7 +35,7 @@ import numpy as np
 
 from fedjax_mtl import algorithms, report, validate
 from fedjax_mtl.algorithms import matu_math
-from fedjax_mtl.algorithms.base import config_block, plain_forward, role_view
+from fedjax_mtl.algorithms.base import config_block, linearized_forward, role_view
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.local import make_optimizer
@@ -111,7 +111,8 @@ class Run:
   round_fn: object
   eval_fn: object
   eval_pairs: np.ndarray
-  # NTKFedAvg's evaluation B (`engine.make_eval(linear=True)`), else None.
+  # Evaluation B of a linearised client forward (NTKFedAvg; `engine.make_eval(linear=True)`),
+  # else None.
   eval_linear_fn: object = None
 
 
@@ -152,7 +153,7 @@ def build(config) -> Run:
                                local_steps=steps, heads=heads, origin=trainable)
   test_counts = np.array([len(lab) for _, lab in data.test])
   eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)
-  linear = alg.name == 'ntkfedavg' and alg.client.forward is not plain_forward
+  linear = alg.client.forward is linearized_forward  # evaluation B of the linearised model
   eval_linear_fn = (engine.make_eval(setting, model, test_counts, int(config.eval_batch_size),
                                      heads, linear=True) if linear else None)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
