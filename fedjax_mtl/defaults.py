@@ -151,6 +151,10 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   # Tiny Swin (embed 16, one block per stage, window 4): the paper's encoder
   # family at a size whose 8-round run takes about 2 minutes on 2 CPU cores.
   c.model.encoder = 'swin_nano'
+  # 'hca2': FedHCA2's decoder + head per task; 'deeplab': a DeepLab-v3 head per task
+  # on the encoder's last stage (MaT-FL / NTKFedAvg benchmark A).
+  c.model.decoder = 'hca2'
+  c.model.head_width = 256  # decoder='deeplab': ASPP channels
   c.model.kwargs = {}
   c.model.dtype = 'float32'  # compute dtype ('bfloat16': bf16 compute, fp32 params)
   # Recompute each encoder block's forward in the backward pass: keeps one
@@ -159,6 +163,10 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   c.model.pretrained_path = ''
 
   c.optim = ml_collections.ConfigDict()
+  c.optim.name = 'adamw'  # or 'adam_amsgrad' (MaT-FL's Adam)
+  c.optim.schedule = 'cosine'  # or 'round_decay': lr * round_decay^round (MaT-FL)
+  c.optim.round_decay = 0.99
+  c.optim.reset_each_round = False
   c.optim.lr = 2e-3
   c.optim.weight_decay = 1e-4
   c.optim.b1 = 0.9
@@ -173,6 +181,9 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   c.eval_batch_size = 20
   c.num_rounds = 8
   c.eval_every = 4
+  # Saliency: 'maxF' (FedHCA2's pooled F-beta) or 'mIoU' (MaT-FL's max over thresholds of
+  # the per-image Jaccard: NTKFedAvg's benchmark A).
+  c.sal_metric = 'maxF'
   c.eval_edge_ods = True  # edge odsF (host-side matching); False: edge BCE test loss
   c.checkpoint_every = 1
   c.delta_m_reference = ''  # workdir of a Local run: results tables get Δm against it

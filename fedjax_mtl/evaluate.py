@@ -43,7 +43,8 @@ def edge_holders(group: GroupSpec) -> tuple[int, ...]:
   return tuple(j for j in range(group.num_real) if edge_id in group.task_ids[j])
 
 
-def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False) -> Callable:
+def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False,
+                         sal_metric: str = 'maxF') -> Callable:
   """Returns `evaluate(params, batch_stats, test_batches) -> (stats, probs)` for the group.
 
   `stats[s][task]` holds the pooled statistics of `task` in slot `s`, with a
@@ -67,7 +68,7 @@ def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False)
     for s, out in enumerate(outs):
       per = {}
       for t in group.slot_tasks[s]:
-        st = dense.task_stats(t, out, batch[t], info.channels(t))
+        st = dense.task_stats(t, out, batch[t], info.channels(t), sal_metric)
         on = tids[s] == info.task_id(t)
         per[t] = jax.tree.map(lambda x: jnp.where(on, x, jnp.zeros_like(x)), st)
       stats.append(per)
@@ -101,6 +102,8 @@ def finalize_group(group: GroupSpec, stats, clients) -> list[dict]:
       task = info.tasks[int(group.task_ids[j, s])]
       st = jax.tree.map(lambda x: np.asarray(x[j]), stats[s][task])
       metric = tasks_lib.METRIC_NAMES[task] if task != 'edge' else 'loss'
+      if task == 'sal' and 'jaccard' in st:
+        metric = 'mIoU'
       rows.append({'client': clients[cid].name, 'dataset': group.dataset, 'task': task,
                    'metric': metric, 'value': dense.finalize(task, st)})
   return rows

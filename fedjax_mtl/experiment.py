@@ -28,7 +28,8 @@ from fedjax_mtl.data import real, synthetic
 from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.models import get_encoder
 from fedjax_mtl.models.decoder import DECODER_LAYERS
-from fedjax_mtl.models.multitask import MultiTaskNet, param_roles
+from fedjax_mtl.models.deeplab import DeepLabNet
+from fedjax_mtl.models.multitask import DECODERS, MultiTaskNet, param_roles
 from fedjax_mtl.state import FedState, GroupState
 
 PyTree = Any
@@ -168,8 +169,7 @@ def _build(config) -> Experiment:
     raise ConfigError(f'num_devices={n_dev} but only {len(devices)} devices are visible')
   mesh = Mesh(np.asarray(devices[:n_dev]), ('clients',))
   fed = federation.build_federation(clients, n_dev)
-  models_train = [MultiTaskNet(encoder, g.head_channels, train=True, dtype=dtype)
-                  for g in fed.groups]
+  models_train = [dense_model(config, encoder, g.head_channels, dtype) for g in fed.groups]
   models_eval = [m.clone(train=False) for m in models_train]
   labels, norm_modules = [], set()
   for g, m in zip(fed.groups, models_train):
@@ -186,6 +186,17 @@ def _build(config) -> Experiment:
                     models_train=models_train, models_eval=models_eval,
                     tx=local.make_optimizer(config.optim), algorithm=alg, labels=labels,
                     start_axes=uniform_start_axes(config, alg, labels))
+
+
+def dense_model(config, encoder, head_channels: tuple[int, ...], dtype):
+  """The train-mode model of a client group (`model.decoder`): FedHCA2's decoder + head
+  per task slot, or a DeepLab-v3 head per slot (`model.head_width` ASPP channels)."""
+  decoder = config.model.get('decoder', 'hca2')
+  check_choice('model.decoder', decoder, DECODERS)
+  if decoder == 'deeplab':
+    return DeepLabNet(encoder, head_channels, train=True, dtype=dtype,
+                      head_width=int(config.model.get('head_width', 256)))
+  return MultiTaskNet(encoder, head_channels, train=True, dtype=dtype)
 
 
 def uniform_start_axes(config, alg: algorithms.Algorithm, labels: list) -> list | None:

@@ -58,7 +58,8 @@ def _edge_ods(exp: Experiment) -> bool:
 def _group_evaluators(exp: Experiment) -> list:
   """Per group: `evaluate(gstate, batches) -> (stats, edge probs)` on the variables the
   algorithm evaluates."""
-  evs = [evaluate.make_group_evaluator(g, m, edge_probs=_edge_ods(exp))
+  evs = [evaluate.make_group_evaluator(g, m, edge_probs=_edge_ods(exp),
+                                       sal_metric=exp.config.get('sal_metric', 'maxF'))
          for g, m in zip(exp.fed.groups, exp.models_eval)]
   return [lambda gs, b, ev=ev: ev(*rounds.eval_variables(exp, gs), b) for ev in evs]
 
@@ -223,7 +224,8 @@ class StreamedFeed:
         spec = self.train_chunks.specs[g]
         progress(min(spec.chunk_steps, spec.num_steps - done[g]))
         done[g] += spec.chunk_steps
-    return rounds.aggregate(self.agg_fn, state.replace(groups=groups), start, accs)
+    return rounds.aggregate(self.agg_fn, state.replace(groups=groups), start, accs,
+                            rounds.stats_program(self.exp))
 
   def eval_outputs(self, state):
     """Streams each test split once: the device accumulates the statistics and

@@ -13,7 +13,7 @@ task that client holds in that slot, selected by mask.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,11 +27,77 @@ from fedjax_mtl.state import GroupState
 PyTree = Any
 
 
+OPTIMIZERS = ('adamw', 'adam_amsgrad')
+LR_SCHEDULES = ('cosine', 'round_decay')
+
+
+class AmsgradState(NamedTuple):
+  count: jax.Array
+  mu: optax.Updates
+  nu: optax.Updates
+  nu_max: optax.Updates
+
+
+def scale_by_torch_amsgrad(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """The direction of `torch.optim.Adam(amsgrad=True)`: the running maximum is
+  taken of the raw second moment, and bias-corrected afterwards,
+  m̂ / (sqrt(max_t v_t) / sqrt(1 − β2^t) + ε) with m̂ = m / (1 − β1^t).
+  (`optax.scale_by_amsgrad` takes the maximum of the bias-corrected moments,
+  which differs in the first steps, when 1 − β2^t is small.)"""
+
+  def init(params):
+    z = lambda: jax.tree.map(jnp.zeros_like, params)
+    return AmsgradState(jnp.zeros((), jnp.int32), z(), z(), z())
+
+  def update(grads, state, params=None):
+    del params
+    t = state.count + 1
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, grads)
+    nu_max = jax.tree.map(jnp.maximum, state.nu_max, nu)
+    tf = t.astype(jnp.float32)
+    c1, c2 = 1 - b1 ** tf, 1 - b2 ** tf
+    out = jax.tree.map(lambda m, v: (m / c1) / (jnp.sqrt(v) / jnp.sqrt(c2) + eps), mu, nu_max)
+    return out, AmsgradState(t, mu, nu, nu_max)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(optim_cfg) -> optax.GradientTransformation:
-  """AdamW direction (torch defaults, decay on all params); the lr is applied per step."""
+  """The local optimizer's direction; the lr is applied per step (`step_lrs`).
+
+  `optim.name='adamw'` (default): AdamW, torch defaults, decoupled decay on all
+  params. `'adam_amsgrad'`: MaT-FL's `torch.optim.Adam(amsgrad=True,
+  weight_decay=wd)`, whose decay is an L2 term added to the gradient before the
+  moments (NTKFedAvg spec §1.2)."""
+  name = optim_cfg.get('name', 'adamw')
+  if name == 'adam_amsgrad':
+    return optax.chain(optax.add_decayed_weights(optim_cfg.weight_decay),
+                       scale_by_torch_amsgrad(optim_cfg.b1, optim_cfg.b2, optim_cfg.eps))
   return optax.chain(
       optax.scale_by_adam(b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps),
       optax.add_decayed_weights(optim_cfg.weight_decay))
+
+
+def step_lrs(epoch_of_step: jax.Array, round_idx: jax.Array, optim_cfg,
+             total_epochs: int) -> jax.Array:
+  """The learning rate of every local step: `optim.schedule='cosine'` (default) is
+  `epoch_lr` of the step's global local epoch; `'round_decay'` is MaT-FL's
+  lr · decay^round, constant within a round (`optim.round_decay`, 0.99)."""
+  if optim_cfg.get('schedule', 'cosine') == 'round_decay':
+    lr = optim_cfg.lr * jnp.power(jnp.float32(optim_cfg.get('round_decay', 0.99)),
+                                  jnp.asarray(round_idx, jnp.float32))
+    return jnp.broadcast_to(lr, jnp.shape(epoch_of_step)).astype(jnp.float32)
+  return epoch_lr(epoch_of_step, optim_cfg, total_epochs)
+
+
+def fresh_opt_state(tx: optax.GradientTransformation, optim_cfg, opt_state, params):
+  """The clients' optimizer state for a new round: a new state when
+  `optim.reset_each_round` (MaT-FL builds a new optimizer every round), else the
+  kept one."""
+  if not optim_cfg.get('reset_each_round', False):
+    return opt_state
+  return jax.vmap(tx.init)(params)
 
 
 def epoch_lr(epoch: jax.Array, optim_cfg, total_epochs: int) -> jax.Array:
@@ -177,11 +243,19 @@ def _make_client_scan(group: GroupSpec, model_train, tx: optax.GradientTransform
   the personal model) unchanged.
   """
   task_loss = make_task_loss(group)
-  apply = model_apply(model_train)
   client = alg.client
+  if client.frozen_stats:  # inference-mode model; the statistics stay as they are
+    apply_eval = model_apply(model_train.clone(train=False))
+    outputs = lambda p, bs, x, k: apply_eval(p, bs, x, k)[0]
+    forward = lambda params, start, bs, image, key: (
+        client.forward(outputs, params, start, bs, image, key), bs)
+  else:
+    apply = model_apply(model_train)
+    forward = lambda params, start, bs, image, key: client.forward(
+        apply, params, start, bs, image, key)
 
   def loss_fn(params, batch_stats, start, cs, tids, batch, key, extra):
-    outs, new_bs = client.forward(apply, params, start, batch_stats, batch['image'], key)
+    outs, new_bs = forward(params, start, batch_stats, batch['image'], key)
     total, slot_losses = task_loss(outs, batch, tids)
     if extra is not None:
       features = encoder_features(model_train, batch_stats, batch['image'], key)
@@ -287,7 +361,9 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
         index_table, counts, plan_keys)
     steps_per_epoch = idx.shape[1] // epochs
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
-    lrs = epoch_lr(epoch_of_step, optim_cfg, total_rounds * epochs)
+    lrs = step_lrs(epoch_of_step, round_idx, optim_cfg, total_rounds * epochs)
+    gstate = gstate.replace(opt_state=fresh_opt_state(tx, optim_cfg, gstate.opt_state,
+                                                      gstate.params))
     gstate, loss = jax.vmap(train_client, in_axes=(0, axes, 0, 0, 0, None, None, 0, None))(
         gstate, start, task_ids, idx, mask, lrs, data, step_keys, round_idx)
     loss, first, last = loss
@@ -316,7 +392,11 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
 
   def train_chunk(gstate, start, acc, chunk, key, round_idx):
     _, step_keys = _client_keys(key, group.num_total)
-    lrs = epoch_lr(chunk['epoch'], optim_cfg, total_epochs)
+    lrs = step_lrs(chunk['epoch'], round_idx, optim_cfg, total_epochs)
+    if optim_cfg.get('reset_each_round', False):  # the round's first chunk starts afresh
+      fresh = fresh_opt_state(tx, optim_cfg, gstate.opt_state, gstate.params)
+      gstate = gstate.replace(opt_state=jax.tree.map(
+          lambda a, b: jnp.where(chunk['step'][0] == 0, a, b), fresh, gstate.opt_state))
     gstate, loss_sum, totals = jax.vmap(
         lambda cs, s, t, x, m, k: scan(cs, s, t, (x, m, lrs, chunk['step']), k, round_idx),
         in_axes=(0, start_axes, 0, 0, 0, 0))(

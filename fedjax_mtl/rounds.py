@@ -278,11 +278,42 @@ def agg_core(state: FedState) -> FedState:
                                for gs in state.groups])
 
 
-def aggregate(agg_fn, state: FedState, start: list, metrics: list) -> tuple:
-  """Run `make_agg_fn`'s program on the trained `state`: (next state, outputs)."""
+def aggregate(agg_fn, state: FedState, start: list, metrics: list,
+              stats_fn=None) -> tuple:
+  """Run `make_agg_fn`'s program on the trained `state`: (next state, outputs);
+  then `stats_fn` (`stats_program`), if given, on the batch-norm statistics."""
   core, out = agg_fn(agg_core(state), [gs.params for gs in state.groups], start, metrics)
   groups = [gs.replace(**g) for gs, g in zip(state.groups, core.groups)]
+  if stats_fn is not None:
+    stats = stats_fn([gs.batch_stats for gs in groups])
+    groups = [gs.replace(batch_stats=b) for gs, b in zip(groups, stats)]
   return core.replace(groups=groups), out
+
+
+def stats_program(exp: Experiment):
+  """The jitted `[group batch_stats] -> [group batch_stats]` of an algorithm with
+  `average_stats` (MaT-FL's aggregation of every `backbone` key, running
+  statistics included: NTKFedAvg spec A8's FedAvg): every client's encoder
+  batch-norm statistics become their uniform mean over the real clients; None for
+  the other algorithms (each client keeps its own statistics)."""
+  if not exp.algorithm.average_stats:
+    return None
+  if 'stats_fn' not in exp.compiled:
+    fed = exp.fed
+
+    def average(stats: list) -> list:
+      if not all('encoder' in (s or {}) for s in stats):
+        return stats  # an encoder without batch norm
+      total = jax.tree.map(lambda *xs: sum(xs), *[
+          jax.tree.map(lambda x, n=g.num_real: jnp.sum(x[:n], 0), s['encoder'])
+          for s, g in zip(stats, fed.groups)])
+      mean = jax.tree.map(lambda t: t / fed.num_clients, total)
+      return [{**s, 'encoder': jax.tree.map(
+          lambda m, x: jnp.broadcast_to(m, x.shape).astype(x.dtype), mean, s['encoder'])}
+          for s in stats]
+
+    exp.compiled['stats_fn'] = jax.jit(average, donate_argnums=0)
+  return exp.compiled['stats_fn']
 
 
 def group_steps(exp: Experiment) -> list[int]:
@@ -305,7 +336,7 @@ def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data,
     if progress is not None:
       jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
       progress(steps[g])
-  return aggregate(agg_fn, state.replace(groups=groups), start, metrics)
+  return aggregate(agg_fn, state.replace(groups=groups), start, metrics, stats_program(exp))
 
 
 def eval_variables(exp: Experiment, gs: GroupState) -> tuple[PyTree, PyTree]:

@@ -42,6 +42,8 @@ LAYOUTS: dict[str, list[tuple]] = {
     # Tab. 4 / supp. Tab. 2: ST-only clients of one dataset.
     'nyud_st': [_st('nyud', N_TASKS)],
     'pascal_st': [_st('pascal', P_TASKS)],
+    # NTKFedAvg's benchmark A (MaT-FL's setting) with 2 clients per task.
+    'pascal_st_2c': [_st('pascal', P_TASKS, 2)],
 }
 
 

@@ -110,6 +110,26 @@ def _matfl_modes() -> tuple:
   return matfl_math.MODES
 
 
+def _sal_metrics() -> tuple:
+  from fedjax_mtl.metrics import dense
+  return dense.SAL_METRICS
+
+
+def _optimizers() -> tuple:
+  from fedjax_mtl import local
+  return local.OPTIMIZERS
+
+
+def _lr_schedules() -> tuple:
+  from fedjax_mtl import local
+  return local.LR_SCHEDULES
+
+
+def _decoders() -> tuple:
+  from fedjax_mtl.models import multitask
+  return multitask.DECODERS
+
+
 def _matu_combines() -> tuple:
   from fedjax_mtl.algorithms import matu_math
   return matu_math.COMBINES
@@ -173,6 +193,12 @@ FIELDS: dict[str, Field] = {
                            per_dataset=True),
     'model.encoder': Field('encoder name, e.g. swin_t, swin_nano, conv_micro '
                            '(fedjax_mtl/models/__init__.py ENCODERS)'),
+    'model.decoder': Field("task decoders of the dense model: hca2 (FedHCA2's decoder + "
+                           'head per task) or deeplab (a DeepLab-v3 ASPP head per task on the '
+                           "encoder's last stage: MaT-FL's and NTKFedAvg's benchmark A)",
+                           choices=_decoders),
+    'model.head_width': Field("decoder='deeplab': channels of the ASPP and its projection "
+                              '(256 in the reference)', at_least(1)),
     'model.kwargs': Field("keyword arguments of the encoder, e.g. {'embed_dim': 8, "
                           "'depths': (1, 1, 1, 1)}", mapping=True),
     'model.dtype': Field('compute dtype (bfloat16: bf16 compute, float32 params)',
@@ -181,8 +207,16 @@ FIELDS: dict[str, Field] = {
                          '(less memory, about one extra forward)'),
     'model.pretrained_path': Field("converted encoder weights (.npz) all clients start from "
                                    "('' = random init)"),
-    'optim.lr': Field('peak learning rate of local AdamW (cosine schedule per local epoch)',
-                      above(0)),
+    'optim.name': Field("local optimizer: adamw, or adam_amsgrad (MaT-FL's Adam, amsgrad, "
+                        'L2 weight decay in the gradient)', choices=_optimizers),
+    'optim.schedule': Field("learning rate per step: cosine (warm-up, then cosine per local "
+                            "epoch) or round_decay (lr * round_decay^round, MaT-FL's)",
+                            choices=_lr_schedules),
+    'optim.round_decay': Field('round_decay schedule: factor per communication round',
+                               Rule(lambda v: 0 < v <= 1, '0 < {name} <= 1')),
+    'optim.reset_each_round': Field('a new optimizer state every round (MaT-FL) instead of '
+                                    "each client's kept state"),
+    'optim.lr': Field('peak learning rate of the local optimizer', above(0)),
     'optim.weight_decay': Field('AdamW weight decay', at_least(0)),
     'optim.b1': Field("AdamW β1", unit()),
     'optim.b2': Field("AdamW β2", unit()),
@@ -196,6 +230,9 @@ FIELDS: dict[str, Field] = {
     'eval_batch_size': Field('test batch size', at_least(1)),
     'num_rounds': Field('communication rounds', at_least(1)),
     'eval_every': Field('evaluate every this many rounds (and after the last)', at_least(1)),
+    'sal_metric': Field("saliency metric: maxF (FedHCA2's pooled F-beta) or mIoU (MaT-FL's "
+                        'per-image Jaccard, averaged, max over 15 thresholds)',
+                        choices=_sal_metrics),
     'eval_edge_ods': Field('edge metric: odsF (host-side matching) if true, else edge BCE '
                            'test loss'),
     'checkpoint_every': Field('checkpoint every this many rounds (and after the last)',
@@ -266,6 +303,9 @@ FIELDS: dict[str, Field] = {
     'ntkfedavg.point': Field("NTKFedAvg: linearisation point: server (the round's server "
                              'model) or pretrained (the initial model, every round)',
                              choices=_ntk_points),
+    'ntkfedavg.freeze_heads': Field('NTKFedAvg, dense setting: the linearised clients keep their '
+                                    "heads at their initial values (the paper's frozen decoder); "
+                                    'False trains them'),
     'hca2.encoder_agg': Field('FedHCA2 encoder aggregation (ablation: fedavg, none)',
                               choices=_encoder_rules),
     'hca2.decoder_agg': Field('FedHCA2 decoder aggregation (ablation: fedavg, none)',

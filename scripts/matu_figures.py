@@ -7,8 +7,8 @@
     # Fig. 6a/b: every client holds a group of 3 tasks spanning 1, 2 or 3 of the
     # task clusters of scripts/task_relatedness.py (conflict levels 0, 2, 3)
     python scripts/matu_figures.py --figure=fig6 --out=runs/fig6 --values=0,2,3 \\
-        --methods=matu,matu_nocross,matu_uniform,fedper,matfl \\
-        --relatedness=runs/table1/individual/seed0/relatedness.json \\
+        --methods=matu_avg,matu_nocross,matu_avg_uniform,fedavg,fedper \\
+        --relatedness=docs/matu/relatedness.json \\
         --individual=runs/table1/individual
 
 Each point is one run per seed of `configs/<method>` on mini8's defaults (10
@@ -48,6 +48,7 @@ METHODS = {
     'matu_avg': 'configs/matu.py matu.combine=avg',
     'matu_nocross': 'configs/matu.py matu.cross=none',
     'matu_uniform': 'configs/matu.py matu.cross=uniform',
+    'matu_avg_uniform': 'configs/matu.py matu.combine=avg matu.cross=uniform',
     'fedavg': 'configs/fedavg.py:mini8',
     'fedprox': 'configs/fedprox.py:mini8',
     'fedper': 'configs/fedper.py:mini8',

@@ -110,8 +110,9 @@ def main(argv=None) -> dict:
   p.add_argument('--rounds', type=int, default=10,
                  help='communication rounds of every run (default: %(default)s)')
   p.add_argument('--seeds', default='0', help='comma-separated seeds (default: %(default)s)')
-  p.add_argument('--variant', default='',
-                 help="configs/ntkfedavg.py variant ('' = mini8, 'smoke', 'paper')")
+  p.add_argument('--variant', default='mini8',
+                 help="configs/ntkfedavg.py variant of benchmark B: mini8, smoke or paper "
+                      '(default: %(default)s)')
   p.add_argument('--set', default='',
                  help="extra 'field=value ...' overrides for every run, e.g. "
                       "'many.local_epochs=3' (local work)")
@@ -120,7 +121,7 @@ def main(argv=None) -> dict:
   a = p.parse_args(argv)
   from fedjax_mtl.manytask.setting import benchmark_tasks
   from fedjax_mtl import config_doc
-  variant = f':{a.variant}' if a.variant else ''
+  variant = f':{a.variant or "mini8"},benchmark=clip'  # the many-task benchmark B
   base = config_doc.load_config(f'configs/ntkfedavg.py{variant}')
   groups = base.many.client_tasks.split(';')
   if a.target not in groups:

@@ -290,9 +290,10 @@ def test_engine_round_compiles_once_and_logs_hyperweights(hca2_run):
 def test_zero_hyperweights_reproduce_local_bitwise(tmp_path):
   zero = hca2.default_config()
   zero.update(alpha_init=0., beta_init=0., hyper_lr=0., homo=False)
-  h = train.train_and_evaluate(tiny_config('hca2', hca2=zero),
+  short = dict(num_rounds=2, eval_every=2)  # the reduction holds round by round
+  h = train.train_and_evaluate(tiny_config('hca2', hca2=zero, **short),
                                str(tmp_path / 'h'))
-  loc = train.train_and_evaluate(tiny_config('local'), str(tmp_path / 'l'))
+  loc = train.train_and_evaluate(tiny_config('local', **short), str(tmp_path / 'l'))
   core = lambda st: [(g.params, g.batch_stats, g.opt_state) for g in st.groups]
   for a, b in zip(jax.tree.leaves(core(h['state'])), jax.tree.leaves(core(loc['state']))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

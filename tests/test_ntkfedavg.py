@@ -204,19 +204,48 @@ def test_evaluation_b_is_logged_and_is_the_model_at_its_linearisation_point(tmp_
   assert run_lib.build(_ntk(**{'ntkfedavg.linearize': False})).eval_linear_fn is None
 
 
-def test_config_gives_one_client_per_task_and_refuses_benchmark_a():
+def test_config_benchmark_b_gives_one_client_per_task():
   from fedjax_mtl import config_doc
   from fedjax_mtl.manytask.setting import benchmark_tasks
-  for variant in ('', ':mini8', ':smoke', ':paper'):
+  for variant in (':mini8', ':smoke,benchmark=clip', ':paper,benchmark=clip', ':benchmark=clip'):
     c = config_doc.load_config(f'configs/ntkfedavg.py{variant}')
     groups = c.many.client_tasks.split(';')
-    assert c.algorithm == 'ntkfedavg' and c.many.num_clients == len(groups)
+    assert c.setting == 'many_task' and c.algorithm == 'ntkfedavg'
+    assert c.many.num_clients == len(groups)
     assert set(groups) <= set(benchmark_tasks(c.many.benchmark)) and len(set(groups)) == len(groups)
     assert c.many.participation == 1.0 and c.ntkfedavg.server_lr == 1.0
-  with pytest.raises(ValueError, match='benchmark=pascal .* is not built yet'):
-    config_doc.load_config('configs/ntkfedavg.py:paper,benchmark=pascal')
   with pytest.raises(ValueError, match='takes benchmark=, not table='):
     config_doc.load_config('configs/ntkfedavg.py:paper,table=1')
+  with pytest.raises(ValueError, match="unknown benchmark 'imagenet'"):
+    config_doc.load_config('configs/ntkfedavg.py:benchmark=imagenet')
+
+
+def test_config_benchmark_a_is_the_dense_matfl_setting():
+  from fedjax_mtl import config_doc, scenarios
+  for variant, scenario in (('', 'pascal_st'), (':smoke', 'pascal_st'),
+                            (':paper', 'pascal_st'), (':clients_per_task=2', 'pascal_st_2c'),
+                            (':paper,benchmark=pascal,clients_per_task=2', 'pascal_st_2c')):
+    c = config_doc.load_config(f'configs/ntkfedavg.py{variant}')
+    assert c.setting == 'dense' and c.scenario == scenario, variant
+    assert (c.model.encoder, c.model.decoder) == ('resnet18_os8', 'deeplab')
+    assert (c.optim.name, c.optim.schedule, c.optim.reset_each_round) == (
+        'adam_amsgrad', 'round_decay', True)
+    assert c.sal_metric == 'mIoU' and c.batch_size == (8 if 'smoke' in variant else 16)
+  paper = config_doc.load_config('configs/ntkfedavg.py:paper')
+  assert paper.data.source == 'real' and paper.data.resolution['pascal'] == (512, 512)
+  assert paper.optim.lr == 1e-4 and paper.local_epochs['pascal'] == 10
+  assert config_doc.load_config('configs/ntkfedavg.py:paper,work=local').local_epochs[
+      'pascal'] == 50
+  # 2 clients per task: even disjoint splits of one permutation, 2 per task
+  c = config_doc.load_config('configs/ntkfedavg.py:clients_per_task=2')
+  clients = scenarios.build_clients(c, {'pascal': 200})
+  assert [cl.tasks[0] for cl in clients] == [t for t in scenarios.P_TASKS for _ in range(2)]
+  idx = np.concatenate([cl.draw_indices for cl in clients])
+  assert sorted(idx) == list(range(200)) and {len(cl.draw_indices) for cl in clients} == {20}
+  for bad, msg in (('clients_per_task=3', 'unknown clients_per_task'),
+                   ('work=heavy', 'unknown work'), ('mini8,benchmark=pascal', 'benchmark B')):
+    with pytest.raises(ValueError, match=msg):
+      config_doc.load_config(f'configs/ntkfedavg.py:{bad}')
 
 
 def test_unlearning_script_reads_target_and_other_curves(tmp_path, monkeypatch):

@@ -225,8 +225,8 @@ def _config_module(name):
 def test_paper_configs_for_every_layout(scenario):
   names = sorted(f[:-3] for f in os.listdir(os.path.join(os.path.dirname(__file__), '..',
                                                          'configs')) if f.endswith('.py'))
-  # Every algorithm has a paper variant; MaTU's and NTKFedAvg's (for now) are of the
-  # many-task setting.
+  # Every algorithm has a paper variant; MaTU's is of the many-task setting and
+  # NTKFedAvg's is its own (benchmark A, tests/test_ntk_dense.py, or B).
   assert len(names) == 19 and {'matu', 'ntkfedavg'} <= set(names)
   for name in names:
     if name in ('matu', 'ntkfedavg'):

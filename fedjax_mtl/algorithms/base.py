@@ -233,6 +233,11 @@ class Client:
   # client starts the round from) or 'origin' (the run's initial params: NTKFedAvg's
   # pretrained linearisation point; the many-task engine).
   linearize_at: str = 'start'
+  # The dense engine runs the model in inference mode: batch norm normalises with the
+  # running statistics the client holds (left unchanged by local training) and dropout
+  # is off; `forward`'s `apply` then returns the outputs only (NTKFedAvg's linearised
+  # clients, spec §2.6: BN statistics of the linearisation point as constants).
+  frozen_stats: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +253,9 @@ class Algorithm:
   # Modules (name paths from the params root) of the shared roles whose parameters
   # the server leaves with each client (FedBN: the batch norms).
   local_modules: frozenset = frozenset()
+  # The dense engine sets every client's encoder batch-norm running statistics to
+  # their uniform mean after each round (MaT-FL aggregates them with the weights).
+  average_stats: bool = False
 
   @property
   def shared_roles(self) -> tuple[str, ...]:

@@ -52,7 +52,7 @@ def default_config() -> ml_collections.ConfigDict:
   around the server model of the round (`point='server'`; 'pretrained': around
   the run's initial model θ_0 every round, the Fig. 5 ablation)."""
   return ml_collections.ConfigDict({'server_lr': 1.0, 'negate': '', 'linearize': True,
-                                    'point': 'server'})
+                                    'point': 'server', 'freeze_heads': True})
 
 
 def negated_clients(cfg) -> tuple[int, ...]:
@@ -102,10 +102,7 @@ def alpha_sweep(apply: Callable, c: PyTree, tau: PyTree, x: jax.Array, alphas: j
 
 def build(info: FedInfo, config=None) -> Algorithm:
   cfg = config_block(config, 'ntkfedavg', default_config())
-  if info.num_tasks <= 0:
-    raise ConfigError("algorithm 'ntkfedavg' runs in the many-task setting for now "
-                      "(config.setting='many_task', e.g. configs/fedavg.py:mini8 with "
-                      "--config.algorithm=ntkfedavg)")
+  dense = info.num_tasks <= 0
   if not float(cfg.server_lr) > 0:
     raise ConfigError(f'ntkfedavg.server_lr={cfg.server_lr} is out of range; valid range: '
                       'server_lr > 0')
@@ -113,9 +110,21 @@ def build(info: FedInfo, config=None) -> Algorithm:
   if point not in POINTS:
     raise ConfigError(f'ntkfedavg.point={point!r} is not a linearisation point; valid '
                       'choices: ' + ', '.join(map(repr, POINTS)))
-  client = (Client(forward=linearized_forward,
+  if dense and point != 'server':
+    raise ConfigError(f"ntkfedavg.point={point!r} runs in the many-task setting only; the "
+                      "dense setting linearises around the server model (point='server')")
+  negate = negated_clients(cfg)
+  if dense and negate and max(negate) >= info.num_clients:
+    raise ConfigError(f'ntkfedavg.negate names client {max(negate)}, but the scenario has '
+                      f'{info.num_clients} clients (ids 0..{info.num_clients - 1})')
+  client = (Client(forward=linearized_forward, frozen_stats=dense,
                    linearize_at='origin' if point == 'pretrained' else 'start')
             if cfg.linearize else Client())
+  if dense:  # MaT-FL: only the backbone is aggregated; each client keeps its decoder
+    roles = {'encoder': 'shared', 'decoder': 'personal',
+             'head': 'frozen' if cfg.linearize and cfg.freeze_heads else 'personal'}
+  else:
+    roles = {'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'}
   return Algorithm(name='ntkfedavg', client=client,
-                   server=server(float(cfg.server_lr), negated_clients(cfg)),
-                   roles={'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'})
+                   server=server(float(cfg.server_lr), negate), roles=roles,
+                   average_stats=dense and not cfg.linearize)

@@ -7,6 +7,9 @@ pooled over the whole split (not averaged per image).
 - sal maxF: F_beta with beta^2 = 0.3 at thresholds 0.05..0.95 on P(salient),
   a pixel predicted positive when P >= t (the released code's `preds >= thresh`),
   TP / predicted-positive / actual-positive pooled; max over thresholds.
+  With `sal_metric='mIoU'` (MaT-FL's protocol, NTKFedAvg's benchmark A): the
+  per-image Jaccard at 15 thresholds linspace(0.2, 0.9), averaged over images,
+  max over thresholds.
 - normals mErr: mean angle 2*atan2(|p-g|, |p+g|) in degrees over valid pixels.
 - depth RMSE: valid 0 < gt < 80, predictions clamped >= 0.
 - edge: weighted BCE (the training proxy); odsF lives in `metrics.edge`.
@@ -23,6 +26,9 @@ from fedjax_mtl.tasks import IGNORE, balanced_bce_loss
 
 SAL_THRESHOLDS = np.round(np.arange(0.05, 1.0, 0.05), 2)
 SAL_BETA2 = 0.3
+# MaT-FL's saliency "mIoU" (ASTMT's eval_sal): per-image Jaccard at these thresholds.
+SAL_JACCARD_THRESHOLDS = np.linspace(0.2, 0.9, 15)
+SAL_METRICS = ('maxF', 'mIoU')
 
 
 def confusion_stats(logits: jax.Array, labels: jax.Array, num_classes: int) -> dict:
@@ -45,6 +51,30 @@ def saliency_stats(logits: jax.Array, labels: jax.Array) -> dict:
   return {'tp': jnp.sum(pred & gt[..., None], axes).astype(jnp.float32),
           'pp': jnp.sum(pred, axes).astype(jnp.float32),
           'ap': jnp.sum(gt).astype(jnp.float32)}
+
+
+def saliency_jaccard_stats(logits: jax.Array, labels: jax.Array) -> dict:
+  """Per-image Jaccard of (P >= t) against the salient mask over valid pixels, at each
+  of `SAL_JACCARD_THRESHOLDS`, summed over the images that have a valid pixel
+  (padding images have none); an image with an empty union scores 1."""
+  prob = jax.nn.softmax(logits[..., :2].astype(jnp.float32), -1)[..., 1]
+  valid = labels != IGNORE
+  gt = ((labels == 1) & valid)[..., None]
+  th = jnp.asarray(SAL_JACCARD_THRESHOLDS, jnp.float32)
+  pred = (prob[..., None] >= th) & valid[..., None]
+  axes = tuple(range(1, prob.ndim))
+  inter = jnp.sum(pred & gt, axes).astype(jnp.float32)
+  union = jnp.sum(pred | gt, axes).astype(jnp.float32)
+  jac = jnp.where(union > 0, inter / jnp.maximum(union, 1.), 1.)  # [B, thresholds]
+  real = jnp.any(valid, axis=axes)
+  return {'jaccard': jnp.sum(jnp.where(real[:, None], jac, 0.), 0),
+          'images': jnp.sum(real).astype(jnp.float32)}
+
+
+def sal_miou(jaccard, images) -> float:
+  """MaT-FL's saliency mIoU x100: the per-image Jaccard averaged over images, max over
+  the thresholds."""
+  return float(100. * np.max(np.asarray(jaccard, np.float64) / max(float(images), 1.)))
 
 
 def normals_stats(pred: jax.Array, labels: jax.Array) -> dict:
@@ -74,12 +104,15 @@ def edge_loss_stats(logits: jax.Array, labels: jax.Array) -> dict:
           'count': valid}
 
 
-def task_stats(task: str, out: jax.Array, labels: jax.Array, channels: int) -> dict:
-  """Sufficient statistics of `task` for one batch."""
+def task_stats(task: str, out: jax.Array, labels: jax.Array, channels: int,
+               sal_metric: str = 'maxF') -> dict:
+  """Sufficient statistics of `task` for one batch (`sal_metric`: 'maxF', FedHCA2's
+  pooled F-beta, or 'mIoU', MaT-FL's max-over-thresholds per-image Jaccard)."""
   if task in ('semseg', 'human_parts'):
     return confusion_stats(out, labels, channels)
   if task == 'sal':
-    return saliency_stats(out, labels)
+    return saliency_jaccard_stats(out, labels) if sal_metric == 'mIoU' else saliency_stats(
+        out, labels)
   if task == 'normals':
     return normals_stats(out, labels)
   if task == 'depth':
@@ -112,6 +145,8 @@ def finalize(task: str, stats: dict) -> float:
   if task in ('semseg', 'human_parts'):
     return miou(stats['confusion'])
   if task == 'sal':
+    if 'jaccard' in stats:
+      return sal_miou(stats['jaccard'], stats['images'])
     return max_f(stats['tp'], stats['pp'], stats['ap'])
   count = max(float(stats['count']), 1.)
   if task == 'depth':

@@ -68,12 +68,13 @@ class DeepLabNet(nn.Module):
   head_channels: tuple[int, ...]
   train: bool = False
   dtype: jnp.dtype = jnp.float32
+  head_width: int = 256  # ASPP channels (256 in the reference)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> list[jax.Array]:
     feat = self.encoder(x, train=self.train)[-1]
-    return [DeepLabHead(c, dtype=self.dtype, name=f'head_{s}')(feat, x.shape[1:3], self.train)
-            for s, c in enumerate(self.head_channels)]
+    return [DeepLabHead(c, width=self.head_width, dtype=self.dtype, name=f'head_{s}')(
+        feat, x.shape[1:3], self.train) for s, c in enumerate(self.head_channels)]
 
 
 __all__ = ['ASPP_RATES', 'DeepLabHead', 'DeepLabNet']

@@ -16,6 +16,10 @@ import jax.numpy as jnp
 
 from fedjax_mtl.models.decoder import Decoder, Head
 
+# `model.decoder`: FedHCA2's decoder + head per task slot (`MultiTaskNet`), or a
+# DeepLab-v3 head per slot on the encoder's last stage (`deeplab.DeepLabNet`).
+DECODERS = ('hca2', 'deeplab')
+
 
 class MultiTaskNet(nn.Module):
   """Encoder -> vmapped decoders over task slots -> per-slot heads."""
