@@ -110,8 +110,8 @@ def test_linearised_dense_forward_at_its_point_is_the_inference_model():
   stats = jax.tree.map(lambda s: s * 1.5, v['batch_stats'])  # not the init statistics
   apply = lambda p, bs, img, key: net.apply({'params': p, 'batch_stats': bs}, img)
   c = v['params']
-  plain = apply(c, stats, x, None)
-  lin = lambda p: base.linearized_forward(apply, p, c, stats, x, None)
+  plain = jax.jit(apply, static_argnums=3)(c, stats, x, None)
+  lin = jax.jit(lambda p: base.linearized_forward(apply, p, c, stats, x, None))
   np.testing.assert_allclose(lin(c)[0], plain[0], rtol=1e-5, atol=1e-5)
   delta = jax.tree.map(lambda a: 1e-2 * a, c)
   move = lambda a: {k: (jax.tree.map(lambda u, d: u + a * d, c[k], delta[k])
@@ -165,3 +165,35 @@ def test_ntkfedavg_dense_round(tmp_path):
   metrics = {(r['task'], r['metric']) for r in out['eval']}
   assert metrics == {('semseg', 'mIoU'), ('sal', 'mIoU')}
   assert all(np.isfinite(r['value']) for r in out['eval'])
+
+
+def test_table1_script_takes_the_max_over_rounds_of_the_task_mean(tmp_path, monkeypatch, capsys):
+  import json
+  import os
+  import sys
+  monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'scripts'))
+  import ntk_table1
+  specs = ntk_table1.run_specs(['fedavg', 'ntkfedavg', 'dgagg'], ['1', '2'],
+                               ['standard', 'local'], '', 'num_rounds=2')
+  names = [s.split('=')[0] for s in specs]
+  assert len(specs) == 10 and 'dgagg_1c_standard' not in names and 'dgagg_2c_local' in names
+  assert specs[0] == ('fedavg_1c_standard=configs/ntkfedavg.py:clients_per_task=1,'
+                      'work=standard ntkfedavg.linearize=false num_rounds=2')
+  wd = tmp_path / 'run'
+  wd.mkdir()
+  rows = [  # two semseg clients per task: averaged per round, then the max over rounds
+      (1, 'semseg', 'mIoU', 10.), (1, 'semseg', 'mIoU', 20.), (2, 'semseg', 'mIoU', 12.),
+      (2, 'semseg', 'mIoU', 14.), (1, 'sal', 'mIoU', 40.), (2, 'sal', 'mIoU', 30.),
+      (1, 'human_parts', 'mIoU', 5.), (2, 'human_parts', 'mIoU', 6.), (2, 'edge', 'loss', .1)]
+  (wd / 'metrics.jsonl').write_text('\n'.join(json.dumps(
+      {'round': r, 'type': 'eval', 'task': t, 'metric': m, 'value': v, 'client': 'c'})
+      for r, t, m, v in rows) + '\n')
+  c = ntk_table1.curves(str(wd))
+  assert c['semseg'] == {1: 15., 2: 13.} and 'edge' not in c
+  md, csv = ntk_table1.table({'ntkfedavg_2c_local': [c]})
+  assert '| 2 | Local Work | ntkfedavg | 15.00 | 40.00 | 6.00 | 20.33 | 1 |' in md
+  with pytest.raises(SystemExit):
+    ntk_table1.main(['--out', str(tmp_path / 'out'), '--methods=fedfoo'])
+  assert "unknown --methods value 'fedfoo'" in capsys.readouterr().err
+  assert not (tmp_path / 'out').exists()
