@@ -22,6 +22,7 @@ and the vmapped group step against a Python loop over the same clients.
                                                   # client step on the accelerator found (bf16)
     python scripts/bench.py --only=ntk_step       # NTKFedAvg's linearised step vs the plain one
     python scripts/bench.py --only=ntk_alpha      # NTKFedAvg's server-α grid: one linearize vs 20 forwards
+    python scripts/bench.py --only=scan_conv      # conv steps in one lax.scan vs one call each
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -1136,7 +1137,7 @@ def main(argv=None):
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                           'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-                          'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'all'],
+                          'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -1227,6 +1228,9 @@ def main(argv=None):
     results['unified_memory'] = bench_unified_memory()
   if a.only == 'augment':  # not in 'all': lowers a Swin-T step at 512x512 for its FLOPs
     results['augment'] = bench_augment(repeats=a.repeats)
+  if a.only == 'scan_conv':  # not in 'all': a diagnosis of XLA:CPU
+    import bench_steps
+    results['scan_conv'] = bench_steps.bench_scan_conv(a.repeats)
   if a.only == 'ntk_alpha':  # not in 'all': CLIP ViT-B/32 forwards at 224
     import bench_steps
     results['ntk_alpha'] = bench_steps.bench_ntk_alpha(a.repeats)
@@ -1244,7 +1248,7 @@ def main(argv=None):
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-               'matu_client', 'gpu', 'ntk_step', 'ntk_alpha'):
+               'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:
