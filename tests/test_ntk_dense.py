@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import override
 from fedjax_mtl import config_doc, experiment, local, rounds, train
 from fedjax_mtl.algorithms import base
 from fedjax_mtl.metrics import dense
@@ -18,13 +19,7 @@ def _smoke(**kw):
   c = config_doc.load_config('configs/ntkfedavg.py:smoke')
   c.progress = False
   c.tasks = 'semseg,sal'
-  for k, v in kw.items():
-    node = c
-    *path, last = k.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
+  return override(c, **kw)
 
 
 def test_torch_amsgrad_with_l2_decay_matches_a_numpy_reference():
