@@ -26,7 +26,7 @@ benchmark.
   (`--config.ntkfedavg.linearize=false`: the plain forward with train-mode batch
   norm, the encoder's running statistics averaged with the weights as MaT-FL
   does), DGAgg (`--config.algorithm=matfl`: MaT-FL's soft grouping, th = 0, spec
-  A13), FedProx (`--config.algorithm=fedprox`).
+  A13), FedProx (`--config.ntkfedavg.linearize=false --config.ntkfedavg.mu=1`).
 
 **B, the CLIP 8-task setting** (`configs/ntkfedavg.py:mini8`, or `benchmark=clip`),
 in the many-task setting: 8 clients, one task each (client n holds task n:
@@ -45,8 +45,9 @@ ablation; clients still start from the server model).
   --config.many.heads=<npz of scripts/zeroshot_heads.py>`.
 
 Overrides common to both: `ntkfedavg.server_lr` (α), `ntkfedavg.negate` (client ids),
-`ntkfedavg.linearize`, `ntkfedavg.point` (many-task only), `fedprox.mu` (μ = 1 for
-NTKFedProx: `--config.algorithm=fedprox` is FedProx; linearised FedProx is not wired).
+`ntkfedavg.linearize`, `ntkfedavg.point` (many-task only), `ntkfedavg.mu` (the
+proximal term: `ntkfedavg.mu=1` is NTKFedProx, and with `ntkfedavg.linearize=false`
+FedProx with this server, spec §4's μ = 1).
 """
 
 from fedjax_mtl.algorithms import fedprox, matfl
@@ -89,7 +90,7 @@ def _pascal_setup(c, variant: str, items: dict) -> None:
   c.ntkfedavg = default_config()
   c.matfl = matfl.default_config()  # DGAgg: --config.algorithm=matfl (spec A13)
   c.matfl.mode, c.matfl.th = 'soft', 0.0
-  c.fedprox = fedprox.default_config()
+  c.fedprox = fedprox.default_config()  # --config.algorithm=fedprox: FedAvg's server
   c.fedprox.mu = 1.0  # spec §4
   c.scenario = CLIENTS_PER_TASK[per_task]
   c.tasks = ','.join(P_TASKS)

@@ -303,6 +303,9 @@ FIELDS: dict[str, Field] = {
     'ntkfedavg.point': Field("NTKFedAvg: linearisation point: server (the round's server "
                              'model) or pretrained (the initial model, every round)',
                              choices=_ntk_points),
+    'ntkfedavg.mu': Field('NTKFedAvg: proximal coefficient μ of μ/2 ‖θ − θ_start‖² on the '
+                          'shared parameters (1: NTKFedProx; with linearize=false, FedProx)',
+                          at_least(0)),
     'ntkfedavg.freeze_heads': Field('NTKFedAvg, dense setting: the linearised clients keep their '
                                     "heads at their initial values (the paper's frozen decoder); "
                                     'False trains them'),

@@ -192,3 +192,36 @@ def test_table1_script_takes_the_max_over_rounds_of_the_task_mean(tmp_path, monk
     ntk_table1.main(['--out', str(tmp_path / 'out'), '--methods=fedfoo'])
   assert "unknown --methods value 'fedfoo'" in capsys.readouterr().err
   assert not (tmp_path / 'out').exists()
+
+
+def test_ntkfedprox_adds_the_proximal_term_on_the_backbone_only():
+  from fedjax_mtl.errors import ConfigError
+  exp = train.build(_smoke(**{'ntkfedavg.mu': 1.0}))
+  client = exp.algorithm.client
+  assert client.forward is base.linearized_forward and client.loss is not None
+  labels = exp.labels[0]
+  params = jax.tree.map(lambda x: jnp.ones(x.shape[1:]), jax.eval_shape(
+      lambda: train.init_state(exp)).groups[0].params)
+  start = jax.tree.map(jnp.zeros_like, params)
+  ctx = base.ClientCtx(params=params, start=start, state=(), server_rows={}, labels=labels,
+                       batch={})
+  n_enc = sum(x.size for x in jax.tree.leaves(params['encoder']))
+  assert float(client.loss(ctx)) == pytest.approx(0.5 * n_enc)  # heads are not pulled
+  assert train.build(_smoke()).algorithm.client.loss is None
+  with pytest.raises(ConfigError, match='ntkfedavg.mu=-1.0 is out of range'):
+    train.build(_smoke(**{'ntkfedavg.mu': -1.0}))
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('ntkfedavg.negate', '9', 'ntkfedavg.negate names client 9, but the scenario has 2 clients'),
+    ('ntkfedavg.point', 'pretrained', "ntkfedavg.point='pretrained' runs in the many-task"),
+    ('ntkfedavg.point', 'middle', "unknown ntkfedavg.point 'middle'; valid choices: 'server'"),
+    ('ntkfedavg.server_lr', 0., 'ntkfedavg.server_lr=0.0 is out of range'),
+])
+def test_bad_input_of_benchmark_a_is_refused_before_anything_is_written(tmp_path, field, value,
+                                                                         message):
+  from fedjax_mtl.errors import ConfigError
+  wd = tmp_path / 'wd'
+  with pytest.raises(ConfigError, match=message.replace('(', r'\(')):
+    train.train_and_evaluate(_smoke(**{field: value}), str(wd))
+  assert not wd.exists()

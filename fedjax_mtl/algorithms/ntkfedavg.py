@@ -41,6 +41,7 @@ import ml_collections
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, PyTree, Server,
                                         ServerInputs, ServerState, broadcast_rows, config_block,
                                         linear_outputs, linearized_forward, tree_mean)
+from fedjax_mtl.algorithms import fedprox
 from fedjax_mtl.algorithms.plugin_math import add_scaled
 from fedjax_mtl.errors import ConfigError
 
@@ -52,7 +53,7 @@ def default_config() -> ml_collections.ConfigDict:
   around the server model of the round (`point='server'`; 'pretrained': around
   the run's initial model θ_0 every round, the Fig. 5 ablation)."""
   return ml_collections.ConfigDict({'server_lr': 1.0, 'negate': '', 'linearize': True,
-                                    'point': 'server', 'freeze_heads': True})
+                                    'point': 'server', 'freeze_heads': True, 'mu': 0.0})
 
 
 def negated_clients(cfg) -> tuple[int, ...]:
@@ -113,18 +114,24 @@ def build(info: FedInfo, config=None) -> Algorithm:
   if dense and point != 'server':
     raise ConfigError(f"ntkfedavg.point={point!r} runs in the many-task setting only; the "
                       "dense setting linearises around the server model (point='server')")
+  if not float(cfg.mu) >= 0:
+    raise ConfigError(f'ntkfedavg.mu={cfg.mu} is out of range; valid range: mu >= 0')
   negate = negated_clients(cfg)
   if dense and negate and max(negate) >= info.num_clients:
     raise ConfigError(f'ntkfedavg.negate names client {max(negate)}, but the scenario has '
                       f'{info.num_clients} clients (ids 0..{info.num_clients - 1})')
-  client = (Client(forward=linearized_forward, frozen_stats=dense,
-                   linearize_at='origin' if point == 'pretrained' else 'start')
-            if cfg.linearize else Client())
   if dense:  # MaT-FL: only the backbone is aggregated; each client keeps its decoder
     roles = {'encoder': 'shared', 'decoder': 'personal',
              'head': 'frozen' if cfg.linearize and cfg.freeze_heads else 'personal'}
   else:
     roles = {'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'}
+  # NTKFedProx (spec §2.3, μ = 1): FedProx's proximal term on the shared parameters.
+  loss = (fedprox.proximal_loss(float(cfg.mu), tuple(r for r, k in roles.items()
+                                                     if k == 'shared'))
+          if float(cfg.mu) > 0 else None)
+  client = (Client(forward=linearized_forward, frozen_stats=dense, loss=loss,
+                   linearize_at='origin' if point == 'pretrained' else 'start')
+            if cfg.linearize else Client(loss=loss))
   return Algorithm(name='ntkfedavg', client=client,
                    server=server(float(cfg.server_lr), negate), roles=roles,
                    average_stats=dense and not cfg.linearize)
