@@ -353,6 +353,8 @@ MANY_TASK_FIELDS = {
         Rule(lambda v: 0 < v <= 1, '0 < {name} <= 1')),
     'many.local_epochs': Field('many_task: local epochs per pair and round (0 with '
                                         'local_steps)', at_least(0)),
+    'many.task_epochs': Field("many_task: 'task=E,...' local epochs of these tasks' pairs in "
+                              "place of local_epochs ('' = none), e.g. 'mnist=5,dtd=76'"),
     'many.local_steps': Field('many_task: local steps per pair and round instead of '
                                        'epochs (0 = use local_epochs)', at_least(0)),
     'many.model': Field('many_task: ViT (fedjax_mtl/models/vit.py MODELS)',

@@ -218,6 +218,11 @@ def test_config_benchmark_b_gives_one_client_per_task():
     config_doc.load_config('configs/ntkfedavg.py:paper,table=1')
   with pytest.raises(ValueError, match="unknown benchmark 'imagenet'"):
     config_doc.load_config('configs/ntkfedavg.py:benchmark=imagenet')
+  local = config_doc.load_config('configs/ntkfedavg.py:paper,benchmark=clip,work=local')
+  epochs = dict(item.split('=') for item in local.many.task_epochs.split(','))
+  assert set(epochs) == set(local.many.client_tasks.split(';'))
+  assert (epochs['dtd'], epochs['gtsrb'], epochs['svhn']) == ('76', '11', '4')
+  assert config_doc.load_config('configs/ntkfedavg.py:mini8,work=local').many.local_epochs == 5
 
 
 def test_config_benchmark_a_is_the_dense_matfl_setting():
@@ -326,3 +331,32 @@ def test_pretrained_linearisation_point_is_the_origin_every_round():
   for k in s1:
     np.testing.assert_array_equal(s1[k], p1[k])
   assert any(not np.allclose(s2[k], p2[k]) for k in s2)
+
+
+def test_task_epochs_give_each_tasks_pairs_their_own_local_epochs():
+  """many.task_epochs (the per-dataset "local work" epochs of spec §4): a task's pairs
+  run its epochs, the others many.local_epochs; the extra steps are masked."""
+  from fedjax_mtl.manytask import engine, setting as setting_lib
+  idx, mask = engine._plan(jnp.arange(10), jnp.asarray(5), jax.random.PRNGKey(0), 3, 4, 0, 2,
+                           jnp.asarray(2))
+  assert idx.shape == (12, 2) and np.asarray(mask).tolist() == [1, 1, 1, 0] * 2 + [0] * 4
+  cfg = tiny('ntkfedavg')
+  cfg.many.task_epochs = 'shapes=3'
+  run = run_lib.build(cfg)
+  epochs = setting_lib.task_epochs(cfg.many, run.setting.tasks)
+  assert epochs.tolist() == [3 if t == 'shapes' else 1 for t in run.setting.tasks]
+  _, out = _round1(run)
+  out = jax.device_get(out)
+  seen = set()
+  for p, steps, real in zip(run.setting.schedule[0], out['steps'], out['real']):
+    if real:
+      task = run.setting.tasks[run.setting.pairs[p][1]]
+      per_epoch = -(-int(run.setting.pair_counts[p]) // cfg.batch_size)
+      assert steps == per_epoch * (3 if task == 'shapes' else 1), task
+      seen.add(task)
+  assert 'shapes' in seen and len(seen) > 1
+  for bad, msg in (('mnist=5', "names task 'mnist'"), ('shapes=0', 'is not task=EPOCHS'),
+                   ('shapes', 'is not task=EPOCHS')):
+    cfg.many.task_epochs = bad
+    with pytest.raises(ConfigError, match=msg):
+      run_lib.check(cfg)

@@ -85,11 +85,12 @@ def init_state(setting: Setting, trainable: dict, where: dict, seed: int,
 
 
 def _plan(index_row, count, key, epochs: int, steps_per_epoch: int, local_steps: int,
-          batch: int):
+          batch: int, slot_epochs=None):
   """Batches [steps, B] (indices into the concatenated train set) and the real-step
   mask of one slot. Epochs: a fresh permutation each, ceil(count / B) real steps,
-  the last batch filled from the permutation's start. Steps: `local_steps` batches
-  from one permutation, cycling."""
+  the last batch filled from the permutation's start; with `slot_epochs` (this
+  slot's epochs, at most `epochs`) the epochs from `slot_epochs` on are masked.
+  Steps: `local_steps` batches from one permutation, cycling."""
   n = index_row.shape[0]
   safe = jnp.maximum(count, 1)
 
@@ -108,6 +109,8 @@ def _plan(index_row, count, key, epochs: int, steps_per_epoch: int, local_steps:
     return idx, jnp.arange(steps_per_epoch) < (count + batch - 1) // batch
 
   idx, mask = jax.vmap(epoch)(jnp.arange(epochs))
+  if slot_epochs is not None:
+    mask = mask & (jnp.arange(epochs) < slot_epochs)[:, None]
   return idx.reshape(-1, batch), mask.reshape(-1)
 
 
@@ -126,7 +129,8 @@ def client_segments(clients: jax.Array) -> jax.Array:
 
 def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
                lr: float, batch_size: int, local_epochs: int, local_steps: int,
-               heads: np.ndarray | None = None, origin: dict | None = None):
+               heads: np.ndarray | None = None, origin: dict | None = None,
+               task_epochs: np.ndarray | None = None):
   """Jitted `(state, backbone, slots [S], rows [S, max_n], images, labels) -> (state,
   outputs)`.
 
@@ -137,7 +141,9 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   heads (`model_lib.make_forward`). `origin`: the trainable leaves' shared
   initialisation (θ_p's trainable part), which the server sees as
   `ServerInputs.origin` with each slot's client (`row_client`: the first slot
-  of the same client) and task (`row_task`).
+  of the same client) and task (`row_task`). `task_epochs` [T]: local epochs of each
+  task's pairs (NTKFedAvg's "local work", spec §4), in place of `local_epochs`;
+  every slot runs the largest task's epochs, the ones beyond its own masked.
   """
   inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
@@ -170,10 +176,15 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
 
   grad_fn = jax.value_and_grad(loss_fn)
 
+  if task_epochs is not None:
+    local_epochs = int(np.max(task_epochs))
+    epochs_of_task = jnp.asarray(task_epochs, jnp.int32)
+
   def train_slot(start, backbone, pair, row, key, images, labels):
-    idx, mask = _plan(row, pair_counts[pair], key, local_epochs, steps_per_epoch,
-                      local_steps, batch_size)
     task = pair_task[pair]
+    idx, mask = _plan(row, pair_counts[pair], key, local_epochs, steps_per_epoch,
+                      local_steps, batch_size,
+                      None if task_epochs is None else epochs_of_task[task])
     params = jax.tree.map(jnp.asarray, start)
 
     def step(carry, inp):

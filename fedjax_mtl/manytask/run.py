@@ -64,6 +64,9 @@ def check(config) -> None:
   if (cfg.local_epochs > 0) == (cfg.local_steps > 0):
     raise ConfigError(f'many.local_epochs={cfg.local_epochs} and many.local_steps='
                       f'{cfg.local_steps}: set exactly one of them > 0')
+  if cfg.get('task_epochs', '') and cfg.local_steps > 0:
+    raise ConfigError(f'many.task_epochs={cfg.task_epochs!r} sets epochs, but many.local_steps='
+                      f'{cfg.local_steps} asks for steps; set many.local_steps=0')
   if base == 'ntkfedavg':
     from fedjax_mtl.algorithms import ntkfedavg
     bad = [c for c in ntkfedavg.negated_clients(config_block(config, 'ntkfedavg',
@@ -73,6 +76,7 @@ def check(config) -> None:
       raise ConfigError(f'ntkfedavg.negate names client {bad[0]}, which does not exist; valid '
                         f'ids: 0..{cfg.num_clients - 1}')
   tasks = setting_lib.selected_tasks(cfg)
+  setting_lib.task_epochs(cfg, tasks)
   explicit = setting_lib.task_assignment(cfg, tasks, int(config.split_seed)) is not None
   if cfg.zeta_t == 0 and cfg.num_clients < len(tasks) and not explicit:
     raise ConfigError(f'many.zeta_t=0 gives one task per client and needs num_clients >= '
@@ -150,7 +154,8 @@ def build(config) -> Run:
   round_fn = engine.make_round(setting, model, alg, make_optimizer(config.optim), roles, where,
                                lr=float(config.optim.lr), batch_size=int(config.batch_size),
                                local_epochs=0 if steps else int(cfg.local_epochs),
-                               local_steps=steps, heads=heads, origin=trainable)
+                               local_steps=steps, heads=heads, origin=trainable,
+                               task_epochs=setting_lib.task_epochs(cfg, setting.tasks))
   test_counts = np.array([len(lab) for _, lab in data.test])
   eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)
   linear = alg.client.forward is linearized_forward  # evaluation B of the linearised model

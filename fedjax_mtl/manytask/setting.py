@@ -46,6 +46,9 @@ def default_config() -> ml_collections.ConfigDict:
       'participation': 1.0,  # ξ: fraction of clients per round
       'local_epochs': 1,  # per pair per round (0 when local_steps is set)
       'local_steps': 0,  # > 0: this many steps per pair per round instead of epochs
+      # 'task=E,...': local epochs of these tasks' pairs in place of local_epochs
+      # (NTKFedAvg's "local work": per-dataset epochs, spec ntkfedavg §4)
+      'task_epochs': '',
       'model': 'vit_micro',
       'resolution': 32,
       'lora_rank': 8,
@@ -221,3 +224,24 @@ def build_setting(tasks: tuple[str, ...], data: TaskData, cfg, num_rounds: int,
                  allocation=alloc, pairs=pairs, counts=counts, index_table=table,
                  train_offsets=offsets.astype(np.int64), participants=participants,
                  schedule=schedule)
+
+
+def task_epochs(cfg, tasks) -> np.ndarray | None:
+  """`many.task_epochs` ('mnist=5,dtd=76') as the local epochs of every task in `tasks`
+  order (the others at `many.local_epochs`), or None when empty; ConfigError (one
+  line) for an entry that is not `task=E` with a selected task and E >= 1."""
+  text = str(cfg.get('task_epochs', '') or '').strip()
+  if not text:
+    return None
+  out = {t: int(cfg.local_epochs) for t in tasks}
+  for item in filter(None, (x.strip() for x in text.split(','))):
+    name, eq, value = item.partition('=')
+    name = name.strip()
+    if not eq or not value.strip().isdigit() or int(value) < 1:
+      raise ConfigError(f'many.task_epochs entry {item!r} is not task=EPOCHS with EPOCHS >= 1, '
+                        "e.g. 'mnist=5,dtd=76'")
+    if name not in out:
+      raise ConfigError(f'many.task_epochs names task {name!r}, which this run does not hold; '
+                        'valid choices: ' + ', '.join(map(repr, tasks)))
+    out[name] = int(value)
+  return np.asarray([out[t] for t in tasks], np.int32)
