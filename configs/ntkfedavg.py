@@ -36,6 +36,10 @@ data, evaluated every round. `--config.ntkfedavg.negate=0` unlearns `digits`
 (the MNIST analogue, spec §3.1); `--config.ntkfedavg.point=pretrained`
 linearises around the initial model every round (the linearisation-point
 ablation; clients still start from the server model).
+- `--config.ntkfedavg.tune_alpha=true` chooses α every round on a server-held
+  validation split (spec A.3, A10: `ntkfedavg.val_fraction` 0.1 of each task's
+  training set, at most `ntkfedavg.val_max` 5,000; grid `ntkfedavg.alpha_grid`,
+  by default 0.25, 0.5, ..., K).
 - `work=standard|local`: one epoch per round, or "local work": the per-dataset
   epochs of spec §4 with `:paper` (Cars 35, DTD 76, EuroSAT 12, GTSRB 11,
   MNIST 5, RESISC45 15, SUN397 14, SVHN 4, through `many.task_epochs`) and 5 on mini8.

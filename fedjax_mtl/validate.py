@@ -306,6 +306,14 @@ FIELDS: dict[str, Field] = {
     'ntkfedavg.mu': Field('NTKFedAvg: proximal coefficient μ of μ/2 ‖θ − θ_start‖² on the '
                           'shared parameters (1: NTKFedProx; with linearize=false, FedProx)',
                           at_least(0)),
+    'ntkfedavg.tune_alpha': Field("NTKFedAvg, many-task setting: choose the server step α "
+                                  'every round on a server-held validation split (spec A.3)'),
+    'ntkfedavg.alpha_grid': Field("NTKFedAvg α tuning: comma-separated α values ('' = 0.25, "
+                                  '0.5, ..., number of clients)'),
+    'ntkfedavg.val_fraction': Field("NTKFedAvg α tuning: fraction of each task's training "
+                                    'examples the server holds out', above(0)),
+    'ntkfedavg.val_max': Field('NTKFedAvg α tuning: at most this many held-out examples per '
+                               'task', at_least(1)),
     'ntkfedavg.freeze_heads': Field('NTKFedAvg, dense setting: the linearised clients keep their '
                                     "heads at their initial values (the paper's frozen decoder); "
                                     'False trains them'),

@@ -360,3 +360,43 @@ def test_task_epochs_give_each_tasks_pairs_their_own_local_epochs():
     cfg.many.task_epochs = bad
     with pytest.raises(ConfigError, match=msg):
       run_lib.check(cfg)
+
+
+def test_in_run_alpha_tuning_picks_the_best_step_on_held_out_data():
+  """ntkfedavg.tune_alpha (spec A.3): the server holds out part of each task's training
+  set, and after each round steps c + α·τ̄ with the α of the grid whose linear model is
+  most accurate there; the logged accuracies are those of `linear_outputs` at each α."""
+  from fedjax_mtl.manytask import setting as setting_lib
+  over = {'ntkfedavg.tune_alpha': True, 'ntkfedavg.alpha_grid': '0.5,1,3',
+          'ntkfedavg.val_fraction': 0.15, 'many.num_train': 240}
+  run = run_lib.build(_ntk(**over))
+  plain = run_lib.build(_ntk(**{'many.num_train': 240}))
+  held = np.diff(np.append(np.asarray(run.val[2]), run.val[1].shape[0]))
+  for (_, y), (_, y0), k in zip(run.data.train, plain.data.train, held):
+    assert k == int(0.15 * len(y0)) and len(y) + k == len(y0)  # out of the clients' data
+  state = run_lib.init_state(run)
+  start = jax.tree.map(jnp.copy, state.shared)
+  state, _ = _round1(run)
+  new, log = run_lib.tune_alpha(run, state, start)
+  assert log['alpha'] in (0.5, 1.0, 3.0) and len(log['alpha_val_accuracy']) == 3
+  assert log['alpha'] == [0.5, 1., 3.][int(np.argmax(log['alpha_val_accuracy']))]
+  tau = jax.tree.map(jnp.subtract, state.shared, start)
+  jax.tree.map(lambda n, c, t: np.testing.assert_allclose(n, c + log['alpha'] * t, rtol=1e-5,
+                                                          atol=1e-6), new.shared, start, tau)
+  # Each α's accuracy is the linear model's at c + α·τ̄ (evaluation B's program).
+  from fedjax_mtl.manytask import engine
+  reference = engine.make_eval(run.setting, run.model, held, 16, linear=True)
+  got = []
+  for a in (0.5, 1., 3.):
+    at = state.replace(shared=jax.tree.map(lambda c, t: c + a * t, start, tau))
+    right, _ = jax.device_get(reference(at, start, run.backbone, jnp.asarray(run.eval_pairs),
+                                        *run.val))
+    got.append(float(np.mean(100. * right / held[run.setting.pairs[run.eval_pairs, 1]])))
+  np.testing.assert_allclose(log['alpha_val_accuracy'], got, atol=1e-4)
+  assert max(got) > 0
+  with pytest.raises(ConfigError, match='leave ntkfedavg.server_lr at 1'):
+    run_lib.build(_ntk(**over, **{'ntkfedavg.server_lr': 2.}))
+  with pytest.raises(ConfigError, match="alpha_grid entry 'x'"):
+    run_lib.build(_ntk(**{**over, 'ntkfedavg.alpha_grid': '1,x'}))
+  with pytest.raises(ConfigError, match='needs ntkfedavg.linearize=True'):
+    run_lib.build(_ntk(**over, **{'ntkfedavg.linearize': False}))

@@ -1,7 +1,7 @@
 """NTKFedAvg: clients train the NTK-linearised model; the server averages task vectors.
 
 NTKFedAvg spec §2 (Algorithm 1), in the many-task setting (the CLIP 8-task
-benchmark B runs there; the dense benchmark A is not wired yet):
+benchmark B) and in the dense engine (MaT-FL's benchmark A):
 
 - **Client**: the model's forward is replaced by its linearisation around the
   round's start c (the server model, spec §2.3's default point):
@@ -26,8 +26,18 @@ one JVP, not a forward per α.
 `ntkfedavg.point='pretrained'` linearises around the run's initial model θ_0
 every round (`Client.linearize_at='origin'`), the ablation of spec §2.3.
 
-Not here yet (issue text): the α tuning inside a run and benchmark A (the
-dense engine).
+In-run server-α tuning (A.3, many-task setting, `ntkfedavg.tune_alpha`): the
+server holds out `val_fraction` (at most `val_max`) of each task's training set;
+after each round, whose server step is α = 1, `manytask.engine.make_alpha_tuner`
+scores the linear model at c + α·τ̄ for the whole grid (`alpha_grid`) with one
+`alpha_sweep` per validation batch, and the round keeps the α of the best mean
+accuracy (`manytask.run.tune_alpha`; logged as `alpha`).
+
+The dense setting (benchmark A) runs the same client and server in the dense
+engine: the linearised forward with batch norm in inference mode
+(`Client.frozen_stats`), heads frozen (`freeze_heads`), only the encoder shared,
+and its FedAvg (`linearize=False`) averaging the encoder's batch-norm statistics
+(`Algorithm.average_stats`). `mu` > 0 adds FedProx's proximal term (NTKFedProx).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, PyTree, Server,
                                         ServerInputs, ServerState, broadcast_rows, config_block,
@@ -53,7 +64,29 @@ def default_config() -> ml_collections.ConfigDict:
   around the server model of the round (`point='server'`; 'pretrained': around
   the run's initial model θ_0 every round, the Fig. 5 ablation)."""
   return ml_collections.ConfigDict({'server_lr': 1.0, 'negate': '', 'linearize': True,
-                                    'point': 'server', 'freeze_heads': True, 'mu': 0.0})
+                                    'point': 'server', 'freeze_heads': True, 'mu': 0.0,
+                                    'tune_alpha': False, 'alpha_grid': '', 'val_fraction': 0.1,
+                                    'val_max': 5000})
+
+
+def alpha_grid(cfg, num_clients: int) -> np.ndarray:
+  """The server-α grid of the in-run tuning (spec A.3, A10): `ntkfedavg.alpha_grid`
+  ('0.5,1,2'), or 0.25, 0.5, ..., K for K clients when empty; ConfigError for an entry
+  that is not a number > 0."""
+  text = str(cfg.alpha_grid or '').strip()
+  if not text:
+    return np.arange(1, 4 * num_clients + 1, dtype=np.float32) / 4
+  vals = []
+  for item in filter(None, (x.strip() for x in text.split(','))):
+    try:
+      v = float(item)
+    except ValueError:
+      v = float('nan')
+    if not v > 0:
+      raise ConfigError(f'ntkfedavg.alpha_grid entry {item!r} is not a number > 0; e.g. '
+                        "'0.5,1,2'")
+    vals.append(v)
+  return np.asarray(vals, np.float32)
 
 
 def negated_clients(cfg) -> tuple[int, ...]:

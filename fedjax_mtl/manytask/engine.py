@@ -259,6 +259,48 @@ def eval_models(setting: Setting, where: dict) -> np.ndarray:
                    for t in range(setting.num_tasks)], np.int32)
 
 
+def make_alpha_tuner(setting: Setting, model, val_counts: np.ndarray, batch: int,
+                     alphas: np.ndarray, heads: np.ndarray | None = None):
+  """Jitted `(state, start, backbone, pairs [E], images, labels, offsets) -> correct
+  [E, A]`: each pair's linear model around c (the shared leaves at the round's start,
+  `start`, with the pair's own rows) at c + α·τ for every α of `alphas`, where
+  τ = the state's shared leaves − c (the round's mean task vector when the server
+  stepped with α = 1), counted right on its task's validation split.
+
+  `ntkfedavg.alpha_sweep` per batch: one `jax.linearize` (a forward) and one JVP give
+  the outputs for the whole grid (NTKFedAvg A.3); the frozen heads follow per α."""
+  inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
+  from fedjax_mtl.algorithms.ntkfedavg import alpha_sweep
+  pair_task = jnp.asarray(setting.pair_task)
+  counts = jnp.asarray(val_counts, jnp.int32)
+  num_batches = max(1, math.ceil(int(np.max(val_counts)) / batch))
+  grid = jnp.asarray(alphas, jnp.float32)
+
+  def one(state, start, backbone, pair, images, labels, offsets):
+    task = pair_task[pair]
+    params = {**state.shared, **{k: v[task] for k, v in state.task_rows.items()},
+              **{k: v[pair] for k, v in state.pair_rows.items()}}
+    c = {**params, **start}
+    tau = jax.tree.map(jnp.subtract, params, c)
+
+    def body(acc, b):
+      pos = b * batch + jnp.arange(batch)
+      valid = pos < counts[task]
+      i = offsets[task] + jnp.minimum(pos, counts[task] - 1)
+      z = alpha_sweep(lambda p, x: inner(backbone, p, x), c, tau, images[i], grid)
+      logits = jax.vmap(lambda z: finish(z, task))(z)  # [A, B, C]
+      right = (jnp.argmax(logits, -1) == labels[i][None]) & valid[None]
+      return acc + jnp.sum(right, 1), None
+
+    right, _ = jax.lax.scan(body, jnp.zeros(grid.shape, jnp.int32), jnp.arange(num_batches))
+    return right
+
+  def tune(state, start, backbone, pairs, images, labels, offsets):
+    return jax.lax.map(lambda p: one(state, start, backbone, p, images, labels, offsets), pairs)
+
+  return jax.jit(tune)
+
+
 def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
               heads: np.ndarray | None = None, linear: bool = False):
   """Jitted `(state, backbone, pairs [E], images, labels, offsets) -> (correct [E], loss [E])`:

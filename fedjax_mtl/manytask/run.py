@@ -118,6 +118,11 @@ class Run:
   # Evaluation B of a linearised client forward (NTKFedAvg; `engine.make_eval(linear=True)`),
   # else None.
   eval_linear_fn: object = None
+  # NTKFedAvg's in-run server-α tuning (spec A.3): the server-held validation split
+  # (`_concat` layout), the grid and `engine.make_alpha_tuner`'s program; else None.
+  val: object = None
+  alphas: np.ndarray | None = None
+  alpha_tune_fn: object = None
 
 
 def slot_info(setting: setting_lib.Setting, config) -> algorithms.FedInfo:
@@ -140,6 +145,11 @@ def build(config) -> Run:
   cfg = config.many
   tasks = setting_lib.selected_tasks(cfg)
   data = setting_lib.load_data(cfg, tasks, int(config.data.seed))
+  tune = _tune_block(config)
+  val = None
+  if tune is not None:  # the server's validation examples leave the clients' data
+    data, val = setting_lib.hold_out(data, float(tune.val_fraction), int(tune.val_max),
+                                     int(config.data.seed))
   setting = setting_lib.build_setting(tasks, data, cfg, int(config.num_rounds),
                                       int(config.split_seed), cfg.benchmark)
   model = model_lib.make_model(cfg, setting.max_classes)
@@ -161,10 +171,40 @@ def build(config) -> Run:
   linear = alg.client.forward is linearized_forward  # evaluation B of the linearised model
   eval_linear_fn = (engine.make_eval(setting, model, test_counts, int(config.eval_batch_size),
                                      heads, linear=True) if linear else None)
+  tune_fn, alphas = None, None
+  if tune is not None:
+    from fedjax_mtl.algorithms.ntkfedavg import alpha_grid
+    alphas = alpha_grid(tune, int(cfg.num_clients))
+    tune_fn = engine.make_alpha_tuner(setting, model, np.array([len(y) for _, y in val]),
+                                      int(config.eval_batch_size), alphas, heads)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
+             val=jax.device_put(_concat(val)) if val is not None else None, alphas=alphas,
+             alpha_tune_fn=tune_fn,
              trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
              eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where),
              eval_linear_fn=eval_linear_fn)
+
+
+def _tune_block(config):
+  """The `ntkfedavg` block when the run tunes the server's α in the run, else None;
+  ConfigError for a combination that cannot (one line)."""
+  if algorithms.parse(config.algorithm)[-1] != 'ntkfedavg':
+    return None
+  from fedjax_mtl.algorithms import ntkfedavg
+  cfg = config_block(config, 'ntkfedavg', ntkfedavg.default_config())
+  if not cfg.tune_alpha:
+    return None
+  if not cfg.linearize:
+    raise ConfigError('ntkfedavg.tune_alpha sweeps the linear model the task vectors were '
+                      'trained in; it needs ntkfedavg.linearize=True')
+  if float(cfg.server_lr) != 1.0:
+    raise ConfigError(f'ntkfedavg.tune_alpha chooses the server step itself; leave '
+                      f'ntkfedavg.server_lr at 1 (got {cfg.server_lr})')
+  if not 0 < float(cfg.val_fraction) < 1 or int(cfg.val_max) < 1:
+    raise ConfigError(f'ntkfedavg.val_fraction={cfg.val_fraction} and val_max={cfg.val_max}: '
+                      'need 0 < val_fraction < 1 and val_max >= 1')
+  ntkfedavg.alpha_grid(cfg, 1)  # the grid's entries are checked here
+  return cfg
 
 
 def zeroshot_heads(cfg, setting: setting_lib.Setting, model) -> np.ndarray:
@@ -229,6 +269,30 @@ def _concat(split) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   labels = np.concatenate([y for _, y in split]).astype(np.int32)
   offsets = np.concatenate([[0], np.cumsum([len(y) for _, y in split])[:-1]]).astype(np.int32)
   return images, labels, offsets
+
+
+def tune_alpha(run: Run, state, start) -> tuple[object, dict]:
+  """NTKFedAvg's server-α tuning (spec A.3, A10) after a round whose server stepped
+  with α = 1: the α of the grid with the best mean validation accuracy over the
+  evaluated models (the first on ties) gives the shared leaves c + α·τ̄. Returns the
+  new state and the round's log ('alpha', and the accuracy of every α)."""
+  pairs = jnp.asarray(run.eval_pairs)
+  right = np.asarray(jax.device_get(run.alpha_tune_fn(state, start, run.backbone, pairs,
+                                                      *run.val)), np.float64)  # [E, A]
+  counts = np.diff(np.append(np.asarray(run.val[2]), run.val[1].shape[0]))
+  acc = 100. * right / counts[run.setting.pairs[run.eval_pairs, 1]][:, None]
+  mean = acc.mean(0)
+  best = int(np.argmax(mean))
+  alpha = float(run.alphas[best])
+  shared = _scale_step(start, state.shared, jnp.float32(alpha))
+  return state.replace(shared=shared), {'alpha': alpha,
+                                        'alpha_val_accuracy': [float(a) for a in mean]}
+
+
+@jax.jit
+def _scale_step(c, theta, alpha):
+  """c + α (θ − c), leaf by leaf."""
+  return jax.tree.map(lambda a, b: a + alpha * (b - a), c, theta)
 
 
 def evaluate(run: Run, state, test, start=None) -> list[dict]:
@@ -316,7 +380,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
       # Evaluation B's linearisation point: the shared leaves the round starts from (a
       # copy: the round donates the state), or the run's initial ones.
       start_shared = None
-      if evaluated and run.eval_linear_fn is not None:
+      if run.alpha_tune_fn is not None or (evaluated and run.eval_linear_fn is not None):
         start_shared = (jax.tree.map(jnp.copy, state.shared)
                         if run.algorithm.client.linearize_at == 'start' else
                         {k: jnp.asarray(run.trainable[k]) for k in state.shared})
@@ -329,6 +393,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
                 else 'aggregated parameters or server state')
         raise DivergedError(f'round {rnd}: non-finite {what} ({config.algorithm}); the round '
                             f'was not saved; {_divergence_hint(config)}')
+      tuned = {}
+      if run.alpha_tune_fn is not None:
+        state, tuned = tune_alpha(run, state, start_shared)
       real = out['real']
       round_bits = bits[slots][real]
       rows = [{'round': rnd, 'type': 'train', 'client': f'client{run.setting.pairs[p][0]}',
@@ -337,7 +404,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
               for p, loss, steps, r in zip(slots, out['loss'], out['steps'], real) if r]
       rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round(round_bits.sum())),
                    'bits_per_task': float(round_bits.mean()),
-                   **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}})
+                   **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}, **tuned})
       if evaluated:
         final = [{'round': rnd, 'type': 'eval', **r}
                  for r in evaluate(run, state, test, start_shared)]

@@ -245,3 +245,23 @@ def task_epochs(cfg, tasks) -> np.ndarray | None:
                         'valid choices: ' + ', '.join(map(repr, tasks)))
     out[name] = int(value)
   return np.asarray([out[t] for t in tasks], np.int32)
+
+
+def hold_out(data: TaskData, fraction: float, cap: int, seed: int) -> tuple[TaskData, tuple]:
+  """A server-held validation split of every task's training set (NTKFedAvg's α
+  tuning, spec A.3 / A10): min(cap, floor(fraction · n_t)) examples of task t, at
+  least 1, drawn with `seed`; returns (the data without them, the validation split in
+  `TaskData.test`'s layout). The clients never see these examples."""
+  train, val = [], []
+  rs = np.random.RandomState(seed)
+  for images, labels in data.train:
+    n = len(labels)
+    k = max(1, min(int(cap), int(fraction * n)))
+    if k >= n:
+      raise ConfigError(f'a validation split of {k} of a task\'s {n} training examples leaves '
+                        'its clients nothing; lower ntkfedavg.val_fraction or val_max')
+    perm = rs.permutation(n)
+    keep, hold = np.sort(perm[k:]), np.sort(perm[:k])
+    train.append((images[keep], labels[keep]))
+    val.append((images[hold], labels[hold]))
+  return TaskData(train=tuple(train), test=data.test), tuple(val)
