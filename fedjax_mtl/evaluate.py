@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.algorithms.base import linearized_forward
 from fedjax_mtl.federation import GroupSpec
 from fedjax_mtl.local import normalize_image
 from fedjax_mtl.metrics import dense
@@ -44,8 +45,12 @@ def edge_holders(group: GroupSpec) -> tuple[int, ...]:
 
 
 def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False,
-                         sal_metric: str = 'maxF') -> Callable:
+                         sal_metric: str = 'maxF', linear: bool = False) -> Callable:
   """Returns `evaluate(params, batch_stats, test_batches) -> (stats, probs)` for the group.
+
+  `linear=True` (NTKFedAvg's evaluation B, spec §2.4): `evaluate(..., point)` scores the
+  model linearised around each client's `point` (its backbone at the round's start,
+  [clients, ...]) at its params, batch norm on its running statistics.
 
   `stats[s][task]` holds the pooled statistics of `task` in slot `s`, with a
   leading client axis, masked to the clients that hold `task` in that slot.
@@ -60,9 +65,13 @@ def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False,
   with_probs = edge_probs and len(edge_holders(group)) > 0
   edge_id = info.task_id('edge') if with_probs else -1
 
-  def client_stats(params, batch_stats, tids, batch):
-    outs = model_eval.apply({'params': params, 'batch_stats': batch_stats},
-                            normalize_image(batch['image'], batch.get('box')))
+  def client_stats(params, batch_stats, tids, batch, point=None):
+    image = normalize_image(batch['image'], batch.get('box'))
+    if linear:  # f(x; c) + J_c(x)(θ − c) around the client's point c (heads as they are)
+      apply = lambda p, bs, x, key: model_eval.apply({'params': p, 'batch_stats': bs}, x)
+      outs = linearized_forward(apply, params, {**params, **point}, batch_stats, image, None)
+    else:
+      outs = model_eval.apply({'params': params, 'batch_stats': batch_stats}, image)
     stats = []
     prob = jnp.zeros(outs[0].shape[:3], jnp.float32) if with_probs else None
     for s, out in enumerate(outs):
@@ -76,15 +85,15 @@ def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False,
         prob = jnp.where(tids[s] == edge_id, jax.nn.sigmoid(out[..., 0]), prob)
     return stats, prob
 
-  def evaluate(params, batch_stats, test_batches):
+  def evaluate(params, batch_stats, test_batches, point=None):
     batches = {k: test_batches[k] for k in used + ('box',) if k in test_batches}
     first = jax.tree.map(lambda x: x[0], batches)
-    run = jax.vmap(client_stats, (0, 0, 0, None))
-    init = jax.eval_shape(lambda: run(params, batch_stats, task_ids, first)[0])
+    run = jax.vmap(client_stats, (0, 0, 0, None, 0 if linear else None))
+    init = jax.eval_shape(lambda: run(params, batch_stats, task_ids, first, point)[0])
     init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init)
 
     def body(acc, batch):
-      st, prob = run(params, batch_stats, task_ids, batch)
+      st, prob = run(params, batch_stats, task_ids, batch, point)
       return jax.tree.map(jnp.add, acc, st), (prob[holders] if with_probs else None)
 
     acc, probs = jax.lax.scan(body, init, batches)

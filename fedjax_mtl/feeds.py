@@ -38,10 +38,11 @@ class Feed(Protocol):
     """Round `rnd` (1-based): local training and aggregation; (new state, device outputs).
     `progress(steps)` is called as local steps of a client group finish."""
 
-  def eval_outputs(self, state: FedState) -> tuple[list, list]:
+  def eval_outputs(self, state: FedState, linear: bool = False) -> tuple[list, list]:
     """One pass over every test split: per group, the pooled test statistics (host
     arrays) and the edge clients' odsF rows (None without edge clients or with
-    `eval_edge_ods` off), both from the same forward passes."""
+    `eval_edge_ods` off), both from the same forward passes. `linear`: of the
+    linearised models (`evaluates_linear`), without odsF."""
 
   def programs(self, state: FedState) -> list[tuple[str, Any, tuple]]:
     """(name, jitted, example args) of the programs to compile before the first
@@ -55,12 +56,26 @@ def _edge_ods(exp: Experiment) -> bool:
   return bool(exp.config.get('eval_edge_ods', True))
 
 
-def _group_evaluators(exp: Experiment) -> list:
+def evaluates_linear(exp: Experiment) -> bool:
+  """Whether the run also evaluates the linear model its clients trained in (NTKFedAvg's
+  evaluation B in the dense engine: a linearised forward whose client part keeps the
+  round's point, `{'point': backbone}`)."""
+  from fedjax_mtl.algorithms.base import linearized_forward
+  c = exp.algorithm.client
+  return c.forward is linearized_forward and c.frozen_stats
+
+
+def _group_evaluators(exp: Experiment, linear: bool = False) -> list:
   """Per group: `evaluate(gstate, batches) -> (stats, edge probs)` on the variables the
-  algorithm evaluates."""
-  evs = [evaluate.make_group_evaluator(g, m, edge_probs=_edge_ods(exp),
-                                       sal_metric=exp.config.get('sal_metric', 'maxF'))
+  algorithm evaluates; `linear`: of the model linearised around each client's point
+  (no edge probabilities: the edge row is its loss)."""
+  evs = [evaluate.make_group_evaluator(g, m, edge_probs=_edge_ods(exp) and not linear,
+                                       sal_metric=exp.config.get('sal_metric', 'maxF'),
+                                       linear=linear)
          for g, m in zip(exp.fed.groups, exp.models_eval)]
+  if linear:
+    return [lambda gs, b, ev=ev: ev(*rounds.eval_variables(exp, gs), b, gs.client['point'])
+            for ev in evs]
   return [lambda gs, b, ev=ev: ev(*rounds.eval_variables(exp, gs), b) for ev in evs]
 
 
@@ -99,11 +114,14 @@ class InMemoryFeed:
     jobs.append(('evaluate', self.eval_fn, (state.groups, self.test_data)))
     return jobs
 
-  def eval_outputs(self, state):
-    out = jax.device_get(self.eval_fn(state.groups, self.test_data))
+  def eval_outputs(self, state, linear: bool = False):
+    fn = (_compiled(self.exp, 'eval_fn_linear', lambda: _make_eval_fn(self.exp, True))
+          if linear else self.eval_fn)
+    out = jax.device_get(fn(state.groups, self.test_data))
     stats, edges = [o[0] for o in out], []
     b = self.exp.config.eval_batch_size
-    for (_, probs), spec, scores in zip(out, self.exp.fed.groups, _edge_scores(self.exp)):
+    edge_scores = [None] * len(out) if linear else _edge_scores(self.exp)
+    for (_, probs), spec, scores in zip(out, self.exp.fed.groups, edge_scores):
       if scores is not None:
         gt = self.exp.data[spec.dataset]['test']['edge']
         for i, lo in enumerate(range(0, len(gt), b)):
@@ -127,9 +145,9 @@ def _compiled(exp: Experiment, name: str, make):
   return exp.compiled[name]
 
 
-def _make_eval_fn(exp: Experiment):
+def _make_eval_fn(exp: Experiment, linear: bool = False):
   """One jitted evaluation of every group on its test split."""
-  evaluators = _group_evaluators(exp)
+  evaluators = _group_evaluators(exp, linear)
 
   def eval_fn(groups, test_batches):
     return [ev(gs, test_batches[spec.dataset])
@@ -227,13 +245,15 @@ class StreamedFeed:
     return rounds.aggregate(self.agg_fn, state.replace(groups=groups), start, accs,
                             rounds.stats_program(self.exp))
 
-  def eval_outputs(self, state):
+  def eval_outputs(self, state, linear: bool = False):
     """Streams each test split once: the device accumulates the statistics and
     returns the edge probabilities of each batch, which the host scores (odsF)
     while the device runs the next batch."""
     exp = self.exp
     stats = [None] * len(exp.fed.groups)
-    scores = _edge_scores(exp)
+    scores = [None] * len(exp.fed.groups) if linear else _edge_scores(exp)
+    fns = (_compiled(exp, 'eval_batch_fns_linear', lambda: _make_eval_batch_fns(exp, True))
+           if linear else self.eval_batch_fns)
     for d, source in self.eval_batches.items():
       members = [i for i, g in enumerate(exp.fed.groups) if g.dataset == d]
       accs, pending = None, None
@@ -241,9 +261,9 @@ class StreamedFeed:
         gt = batch.get('edge')
         batch = jax.device_put(batch, exp.replicated)
         if accs is None:  # zeros of the statistics' shapes: one compiled function
-          shapes = jax.eval_shape(self.eval_batch_fns[d], state.groups, batch, None)[0]
+          shapes = jax.eval_shape(fns[d], state.groups, batch, None)[0]
           accs = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-        accs, probs = self.eval_batch_fns[d](state.groups, batch, accs)
+        accs, probs = fns[d](state.groups, batch, accs)
         if pending is not None:
           _score(members, scores, *pending)
         pending = (probs, gt)
@@ -319,10 +339,10 @@ def _device_augmentation(exp: Experiment, chunks: real.TrainChunks) -> tuple:
   return _compiled(exp, 'device_augment', make)
 
 
-def _make_eval_batch_fns(exp: Experiment) -> dict:
+def _make_eval_batch_fns(exp: Experiment, linear: bool = False) -> dict:
   """Per dataset: jitted `(groups, batch, accs) -> (accs, edge probs)` over the groups
   on that dataset."""
-  evaluators = _group_evaluators(exp)
+  evaluators = _group_evaluators(exp, linear)
   fns = {}
   for d in sorted({g.dataset for g in exp.fed.groups}):
     members = [i for i, g in enumerate(exp.fed.groups) if g.dataset == d]

@@ -27,15 +27,16 @@ from fedjax_mtl.defaults import base_config
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.experiment import (Experiment, build, init_state, run_fields,  # noqa: F401
                                    train_compiler_options)
-from fedjax_mtl.feeds import Feed
+from fedjax_mtl.feeds import Feed, evaluates_linear
 from fedjax_mtl.state import FedState
 
 
-def run_eval(exp: Experiment, state: FedState, feed: Feed) -> list[dict]:
+def run_eval(exp: Experiment, state: FedState, feed: Feed, linear: bool = False) -> list[dict]:
   """Metrics rows (client, task, metric, value) of the models the clients evaluate:
   one pass over each test split; an edge client's test loss is replaced by its
-  odsF (host-side matching of the same pass's edge maps)."""
-  stats, edges = feed.eval_outputs(state)
+  odsF (host-side matching of the same pass's edge maps). `linear`: of the linear
+  models the clients trained in (`feeds.evaluates_linear`; edge as its loss)."""
+  stats, edges = feed.eval_outputs(state, linear)
   rows = []
   for spec, st, ods in zip(exp.fed.groups, stats, edges):
     group_rows = evaluate.finalize_group(spec, st, exp.fed.clients)
@@ -224,6 +225,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
                                  purge_step=start + 1 if start else None)
     sink.write([r for r in report.read_jsonl(metrics_path) if r.get('type') == 'meta'])
   eval_rows: list[dict] = []
+  linear_eval = evaluates_linear(exp)
   diverged = None
   try:
     with prog:
@@ -239,6 +241,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
         if rnd in eval_rounds:
           eval_rows = [{'round': rnd, 'type': 'eval', **r, **record}
                        for r in run_eval(exp, state, feed)]
+          if linear_eval:  # NTKFedAvg's evaluation B, beside the model itself (A)
+            eval_rows += [{'round': rnd, 'type': 'eval_linear', **r, **record}
+                          for r in run_eval(exp, state, feed, linear=True)]
         report.append_jsonl(metrics_path, rows + eval_rows)
         if sink is not None:
           sink.write(rows + eval_rows)

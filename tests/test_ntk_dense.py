@@ -160,6 +160,23 @@ def test_ntkfedavg_dense_round(tmp_path):
   metrics = {(r['task'], r['metric']) for r in out['eval']}
   assert metrics == {('semseg', 'mIoU'), ('sal', 'mIoU')}
   assert all(np.isfinite(r['value']) for r in out['eval'])
+  # Evaluation B (the linear model around each client's round-start backbone, which
+  # its client part keeps) is logged beside A; at its own point it is model A.
+  rows = train.report.read_jsonl(str(tmp_path / 'wd' / 'metrics.jsonl'))
+  lin = [r for r in rows if r['type'] == 'eval_linear']
+  assert {(r['client'], r['task'], r['metric']) for r in lin} == {
+      (r['client'], r['task'], r['metric']) for r in out['eval']}
+  assert all(np.isfinite(r['value']) for r in lin)
+  state = out['state']
+  at_point = state.replace(groups=[g.replace(client={'point': {
+      k: v for k, v in g.params.items() if not k.startswith('head_')}}) for g in state.groups])
+  from fedjax_mtl import feeds
+  feed = feeds.InMemoryFeed(exp)
+  a, _ = feed.eval_outputs(at_point)
+  b, _ = feed.eval_outputs(at_point, linear=True)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5), a, b)
+  b_trained, _ = feed.eval_outputs(state, linear=True)
+  assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(b_trained)))
 
 
 def test_table1_script_takes_the_max_over_rounds_of_the_task_mean(tmp_path, monkeypatch, capsys):

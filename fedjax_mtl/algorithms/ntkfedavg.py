@@ -51,7 +51,8 @@ import numpy as np
 
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, PyTree, Server,
                                         ServerInputs, ServerState, broadcast_rows, config_block,
-                                        linear_outputs, linearized_forward, tree_mean)
+                                        is_head_key, linear_outputs, linearized_forward,
+                                        tree_mean)
 from fedjax_mtl.algorithms import fedprox
 from fedjax_mtl.algorithms.plugin_math import add_scaled
 from fedjax_mtl.errors import ConfigError
@@ -162,8 +163,13 @@ def build(info: FedInfo, config=None) -> Algorithm:
   loss = (fedprox.proximal_loss(float(cfg.mu), tuple(r for r, k in roles.items()
                                                      if k == 'shared'))
           if float(cfg.mu) > 0 else None)
+  kept = {}
+  if dense:  # the client part keeps the round's point for evaluation B (spec §2.4)
+    backbone = lambda p: {k: v for k, v in p.items() if not is_head_key(k)}
+    kept = dict(init=lambda params: {'point': backbone(params)},
+                finalize=lambda params, start, state: (params, {'point': backbone(start)}))
   client = (Client(forward=linearized_forward, frozen_stats=dense, loss=loss,
-                   linearize_at='origin' if point == 'pretrained' else 'start')
+                   linearize_at='origin' if point == 'pretrained' else 'start', **kept)
             if cfg.linearize else Client(loss=loss))
   return Algorithm(name='ntkfedavg', client=client,
                    server=server(float(cfg.server_lr), negate), roles=roles,
