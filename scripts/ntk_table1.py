@@ -10,7 +10,10 @@ standard and local) × method:
   averaged statistics);
 - `ntkfedavg`: the linearised clients;
 - `dgagg`: `algorithm=matfl` (MaT-FL's soft grouping, th = 0). As in the paper's
-  table, only in the local-work setting.
+  table, only in the local-work setting;
+- `ntkfedavg+heads` (not in the default --methods): the linearised clients with their
+  DeepLab heads trained, as FedAvg trains them (`ntkfedavg.freeze_heads=false`, spec
+  A2's recommendation; the paper keeps them frozen).
 
 Each run goes to OUT/<method>_<k>c_<work>/seed<S> (a finished run of the same
 config is reused, an interrupted one resumes, as scripts/compare.py does).
@@ -42,6 +45,8 @@ METHODS = {
     'fedavg': 'ntkfedavg.linearize=false',
     'ntkfedavg': '',
     'dgagg': 'algorithm=matfl',
+    # spec A2's recommended reading: the linearised backbone under trained heads
+    'ntkfedavg+heads': 'ntkfedavg.freeze_heads=false',
 }
 COLUMNS = (('semseg', 'Seg. (mIoU)'), ('sal', 'Sal. (mIoU)'), ('human_parts', 'H. Parts (mIoU)'))
 WORK_NAMES = {'standard': 'Standard', 'local': 'Local Work'}
