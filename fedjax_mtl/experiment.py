@@ -179,6 +179,10 @@ def _build(config) -> Experiment:
     norm_modules |= plugin_math.norm_modules(shapes.get('batch_stats', {}))
   alg = algorithms.get_algorithm(config.algorithm, fed_info(fed, config.num_rounds,
                                                             frozenset(norm_modules)), config)
+  if config.model.get('decoder', 'hca2') == 'deeplab' and algorithms.parse(
+      config.algorithm)[-1] == 'hca2':
+    raise ConfigError("algorithm 'hca2' aggregates FedHCA2's task decoders, which "
+                      "model.decoder='deeplab' does not have; use model.decoder='hca2'")
   if alg.roles.get('head') == 'shared' and len({g.head_channels for g in fed.groups}) > 1:
     raise ConfigError(f'algorithm {config.algorithm!r} shares the heads, whose shapes differ '
                       'between client groups; heads can be shared within one dataset only')

@@ -230,6 +230,7 @@ def test_ntkfedprox_adds_the_proximal_term_on_the_backbone_only():
 
 
 @pytest.mark.parametrize('field, value, message', [
+    ('algorithm', 'hca2', "algorithm 'hca2' aggregates FedHCA2's task decoders"),
     ('ntkfedavg.negate', '9', 'ntkfedavg.negate names client 9, but the scenario has 2 clients'),
     ('ntkfedavg.point', 'pretrained', "ntkfedavg.point='pretrained' runs in the many-task"),
     ('ntkfedavg.point', 'middle', "unknown ntkfedavg.point 'middle'; valid choices: 'server'"),
