@@ -99,19 +99,22 @@ def plot(results: dict[str, list[dict]], path: str) -> None:
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, len(COLUMNS), figsize=(5 * len(COLUMNS), 4))
+  fig, axes = plt.subplots(1, len(COLUMNS), figsize=(5 * len(COLUMNS), 4.6))
+  colours = {m: f'C{i}' for i, m in enumerate(METHODS)}  # colour: method
   for ax, (task, label) in zip(axes, COLUMNS):
     for name, per_seed in results.items():
+      method, k, work = name.rsplit('_', 2)
       c = per_seed[0].get(task, {})
-      if c:
-        style = '--' if name.endswith('_standard') else '-'
-        ax.plot(list(c), list(c.values()), style, marker='o', ms=3, label=name)
+      if c:  # line: work (dashed standard), marker: clients per task (o 1, s 2)
+        ax.plot(list(c), list(c.values()), '--' if work == 'standard' else '-',
+                color=colours[method], marker='o' if k == '1c' else 's', ms=3, label=name)
     ax.set(title=label, xlabel='round', ylabel='metric (x100)')
     ax.grid(alpha=.3)
-  axes[0].legend(fontsize=7)
-  fig.suptitle('NTKFedAvg benchmark A: per-round metrics (seed 0); '
-               'dashed: standard, solid: local work')
-  fig.tight_layout()
+  handles, labels = axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc='lower center', ncol=5, fontsize=7)
+  fig.suptitle('NTKFedAvg benchmark A: per-round metrics (seed 0); colour: method, '
+               'dashed: standard, solid: local work, o: 1 client/task, s: 2')
+  fig.tight_layout(rect=(0, 0.12, 1, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 
