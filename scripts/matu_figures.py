@@ -135,7 +135,8 @@ def write(figure: str, values: list[int], results: dict, out: str, seeds: int = 
   csv = ['method,value,normalised_mean,normalised_std,mb_per_client_round,mean_accuracy']
   for m, pts in results.items():
     md.append('| ' + ' | '.join([m] + [
-        f'{pts[v][0]:.1f} ± {pts[v][1]:.1f} % · {pts[v][2]:.3f} MB' if v in pts else '–'
+        (f'{pts[v][0]:.1f} ± {pts[v][1]:.1f} %' if seeds > 1 else f'{pts[v][0]:.1f} %')
+        + f' · {pts[v][2]:.3f} MB' if v in pts else '–'
         for v in values]) + ' |')
     csv += [f'{m},{v},{pts[v][0]},{pts[v][1]},{pts[v][2]},{pts[v][3]}' for v in values
             if v in pts]
