@@ -29,9 +29,13 @@ def test_point_overrides():
 def test_write_table_and_plot(tmp_path):
   results = {'matu': {2: (80.0, 2.0, 0.04, 40.0), 4: (75.0, 1.0, 0.05, 38.0)},
              'fedavg': {2: (70.0, 3.0, 0.07, 35.0), 4: (60.0, 2.0, 0.14, 30.0)}}
-  matu_figures.write('fig5', [2, 4], results, str(tmp_path))
+  matu_figures.write('fig5', [2, 4], results, str(tmp_path), seeds=3)
   md = (tmp_path / 'fig5.md').read_text()
   assert '| matu | 80.0 ± 2.0 % · 0.040 MB | 75.0 ± 1.0 % · 0.050 MB |' in md
+  (tmp_path / 'one').mkdir()
+  matu_figures.write('fig5', [2, 4], results, str(tmp_path / 'one'), seeds=1)  # no spread
+  assert '| matu | 80.0 % · 0.040 MB | 75.0 % · 0.050 MB |' in (tmp_path / 'one' / 'fig5.md'
+                                                                  ).read_text()
   assert (tmp_path / 'fig5.png').stat().st_size > 1000
   assert 'fedavg,4,60.0,2.0,0.14,30.0' in (tmp_path / 'fig5.csv').read_text()
 
