@@ -9,7 +9,10 @@ method of --methods:
 - `ntkfedavg`: the linearised clients (NTKFedAvg's unlearning);
 - `fedavg`: the plain forward with the same server and negation
   (`ntkfedavg.linearize=false`), the paper's FedAvg comparison;
-- `ntkfedavg_keep`: NTKFedAvg without negation, the accuracy to compare against.
+- `ntkfedavg_keep`: NTKFedAvg without negation, the accuracy to compare against;
+- `fedavg_keep` (not in the default --methods): FedAvg without negation, so that
+  `--methods=ntkfedavg_keep,fedavg_keep` draws the two methods' per-round accuracy
+  curves.
 
 Each run goes to OUT/<method>/seed<S> (a finished run of the same config is
 reused, as scripts/compare.py does). Every round's evaluation gives the target
@@ -38,6 +41,7 @@ METHODS = {
     'ntkfedavg': 'configs/ntkfedavg.py{variant} ntkfedavg.negate={client}',
     'fedavg': 'configs/ntkfedavg.py{variant} ntkfedavg.negate={client} ntkfedavg.linearize=false',
     'ntkfedavg_keep': 'configs/ntkfedavg.py{variant}',
+    'fedavg_keep': 'configs/ntkfedavg.py{variant} ntkfedavg.linearize=false',
 }
 
 

@@ -59,6 +59,27 @@ def test_linearised_forward_at_c_is_the_model_and_affine(vit):
   assert np.abs(np.asarray(g(2.5, -1.5) - gw)[keep]).max() > 1e-4
 
 
+def test_one_round_from_theta0_is_averaged_linearised_task_addition(vit):
+  """Invariant (iv) of spec §8: one round linearised at θ_0 gives the server model
+  θ_0 + α·(1/K)Σ τ_k (`server`), and the linear model there is the average of the K
+  linearised task additions θ_0 + α·τ_k: f(θ_0) + α J(1/K)Σ τ_k."""
+  apply, c, x = vit
+  lin = jax.jit(lambda p: base.linearized_forward(apply, p, c, None, x, None))
+  taus = [_dir(c, 10 + k, heads=False) for k in range(3)]
+  alpha = 0.7
+  prev = jax.tree.map(lambda a: jnp.stack([a] * 3), c)
+  local = jax.tree.map(lambda a, *t: jnp.stack([a + u for u in t]), c, *taus)
+  x_in = base.ServerInputs(prev={'encoder': prev}, local={'encoder': local},
+                           num_examples=jnp.ones(3), num_steps=jnp.ones(3, jnp.int32),
+                           client_ids=jnp.arange(3), round=jnp.int32(0))
+  new, _, _ = ntkfedavg.server(alpha, ()).apply(base.ServerState(), x_in)
+  theta1 = jax.tree.map(lambda r: r[0], new['encoder'])
+  keep = apply(c, None, x, None) > -1e8
+  added = np.mean([np.asarray(lin(jax.tree.map(lambda a, u: a + alpha * u, c, t)))
+                   for t in taus], 0)
+  np.testing.assert_allclose(np.asarray(lin(theta1))[keep], added[keep], rtol=1e-4, atol=1e-4)
+
+
 def test_linearised_gradient_at_c_is_the_models(vit):
   apply, c, x = vit
   labels = jnp.arange(x.shape[0]) % 4
