@@ -237,3 +237,21 @@ def test_paper_configs_for_every_layout(scenario):
     assert c.model.encoder == 'swin_t' and c.num_rounds == 100 and c.batch_size == 8
     assert tuple(c.data.resolution['pascal']) == (512, 512)
     assert tuple(c.data.resolution['nyud']) == (448, 576)
+
+
+def test_ntkfedavg_benchmark_a_on_real_data_logs_evaluation_b(data_dir, tmp_path):
+  """configs/ntkfedavg.py on the real-data (streamed) feed: the linearised DeepLab
+  clients train, and evaluation B (type eval_linear) is logged beside A."""
+  from conftest import override
+  from fedjax_mtl import config_doc, report
+  c = override(config_doc.load_config('configs/ntkfedavg.py:smoke'), **{
+      'data.source': 'real', 'data.data_dir': data_dir, 'tasks': 'semseg,sal',
+      'data.resolution': {'pascal': (64, 64)}, 'batch_size': 2, 'eval_batch_size': 2,
+      'num_rounds': 1, 'progress': False})
+  out = train.train_and_evaluate(c, str(tmp_path / 'wd'))
+  rows = report.read_jsonl(str(tmp_path / 'wd' / 'metrics.jsonl'))
+  lin = [r for r in rows if r['type'] == 'eval_linear']
+  key = lambda r: (r['client'], r['task'], r['metric'])
+  assert sorted(map(key, lin)) == sorted(map(key, out['eval'])) and len(lin) == 2
+  assert all(np.isfinite(r['value']) for r in lin + out['eval'])
+  assert {r['metric'] for r in lin} == {'mIoU'}
