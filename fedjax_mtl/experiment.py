@@ -339,8 +339,8 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   if pretrained:
     params, stats = jax.eval_shape(_init_fn(exp), key)[0][0]
     like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
-    enc = load_pretrained_encoder(pretrained, exp.encoder,
-                                  jax.tree.map(lambda x: x[0], like))
+    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), like)
+    enc = load_pretrained_encoder(pretrained, exp.encoder, one)  # one client's shapes
   return place(exp, program(key, enc))
 
 

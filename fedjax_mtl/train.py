@@ -185,11 +185,12 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   timing_path = os.path.join(workdir, 'timing.jsonl')
   abstract = init_state(exp, abstract=True)
-  jobs = feed.programs(abstract)
+  total = config.num_rounds
+  # A finished run only restores its last state and rewrites its reports: no program runs.
+  jobs = feed.programs(abstract) if start < total else []
   if not start and not config.model.get('pretrained_path'):
     jobs.append(('init', experiment.init_program(exp),
                  (jnp.asarray(config.seed, jnp.uint32), None)))
-  total = config.num_rounds
   eval_rounds = {r for r in range(1, total + 1) if r % config.eval_every == 0 or r == total}
   # Every eval record of a unified-model run carries its A1 decision.
   record = {} if unified_mode(config) == 'none' else {'unified': unified_mode(config)}

@@ -324,3 +324,27 @@ def test_edge_odsf_is_scored_on_each_edge_clients_own_predictions(fedavg_run):
          and r['task'] == 'edge'][0]
   assert row['metric'] == 'odsF'
   np.testing.assert_allclose(row['value'], 100 * acc.finalize()['odsF'], rtol=1e-6)
+
+
+def test_pretrained_encoder_is_every_clients_round_zero_encoder(tmp_path, monkeypatch):
+  """`model.pretrained_path`: the loader gets one client's encoder shapes and its weights
+  become every client's round-0 encoder (decoders stay freshly initialised)."""
+  path = tmp_path / 'w.npz'
+  path.write_bytes(b'')
+  seen = {}
+
+  def fake_loader(p, encoder, like):
+    seen['path'], seen['like'] = p, like
+    return {'params': jax.tree.map(lambda s: jnp.full(s.shape, 0.5, s.dtype), like['params'])}
+
+  monkeypatch.setattr(experiment, 'load_pretrained_encoder', fake_loader)
+  exp = train.build(tiny_config('fedavg', **{'model.pretrained_path': str(path)}))
+  state = train.init_state(exp)
+  plain = train.init_state(train.build(tiny_config('fedavg')))
+  assert seen['path'] == str(path)
+  enc = _np(experiment.views(exp, [g.params for g in state.groups], 'encoder'))
+  for leaf, like in zip(jax.tree.leaves(enc), jax.tree.leaves(seen['like']['params'])):
+    assert leaf.shape == (exp.fed.num_clients,) + like.shape
+    np.testing.assert_array_equal(leaf, 0.5)
+  dec = lambda s: _np(experiment.views(exp, [g.params for g in s.groups], 'decoder'))
+  jax.tree.map(np.testing.assert_array_equal, dec(state), dec(plain))
