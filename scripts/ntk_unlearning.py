@@ -64,6 +64,7 @@ def first_round_at_most(curve: dict[int, float], level: float = 1.0) -> int | No
 def write(results: dict[str, list[dict]], target: str, out: str) -> str:
   """OUT/unlearning.png and .md from {method: [curves per seed]}; returns the table."""
   from matplotlib.figure import Figure
+  from matplotlib.ticker import MaxNLocator
   mean = lambda runs, key: ({r: float(np.mean([c[key][r] for c in runs])) for r in runs[0][key]}
                             if all(key in c for c in runs) else None)
   fig = Figure(figsize=(10, 3.8), layout='constrained')
@@ -89,10 +90,12 @@ def write(results: dict[str, list[dict]], target: str, out: str) -> str:
     summary.append(f'- {method} ({len(runs)} seed{"s" if len(runs) > 1 else ""}): {target} '
                    f'≤ 1 % first at round {first if first else "– (never)"}; final {target} '
                    f'{t[max(t)]:.1f} %, others {o[max(o)]:.1f} %')
-  axes[0].set_title(f'{target} (negated client): accuracy %', fontsize=10)
+  negated = any(not m.endswith('_keep') for m in results)  # *_keep runs negate nothing
+  axes[0].set_title(f'{target}{" (negated client)" if negated else ""}: accuracy %', fontsize=10)
   axes[1].set_title('mean of the other tasks: accuracy %', fontsize=10)
   for ax in axes:
     ax.set_xlabel('round')
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
   axes[1].legend(fontsize=8, frameon=False)
   fig.savefig(os.path.join(out, 'unlearning.png'), dpi=120)
