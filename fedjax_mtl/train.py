@@ -182,9 +182,30 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   ckpt_dir = os.path.join(workdir, 'checkpoints')
   start = Checkpointer.latest_in(ckpt_dir) or 0
   feed = feeds.make_feed(exp, start)  # opens every data source before anything is written
+  abstract = init_state(exp, abstract=True)
+  ckpt = Checkpointer(ckpt_dir) if start else None
+  state = None
+  try:
+    if start:  # restored before compiling: a checkpoint of another model fails in seconds
+      restored, state = ckpt.restore_latest(abstract)  # newer unreadable steps are set aside
+      if restored != start:  # a streamed feed must start from the restored round
+        feed.close()
+        start, feed = restored, feeds.make_feed(exp, restored)
+  except BaseException:
+    feed.close()
+    if ckpt is not None:
+      ckpt.close()
+    raise
+  return _run(config, workdir, exp, feed, ckpt, abstract, start, state, stop_after)
+
+
+def _run(config, workdir: str, exp: Experiment, feed, ckpt: Checkpointer | None,
+         abstract: FedState, start: int, state: FedState | None,
+         stop_after: int | None) -> dict:
+  """`train_and_evaluate` from round `start` (its state restored, or None at 0)."""
+  ckpt_dir = os.path.join(workdir, 'checkpoints')
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   timing_path = os.path.join(workdir, 'timing.jsonl')
-  abstract = init_state(exp, abstract=True)
   total = config.num_rounds
   # A finished run only restores its last state and rewrites its reports: no program runs.
   jobs = feed.programs(abstract) if start < total else []
@@ -197,18 +218,21 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   prog = progress.Progress(f'{config.algorithm} {exp.fed.num_clients} clients', total, start,
                            eval_rounds, sum(rounds.group_steps(exp)),
                            enabled=bool(config.progress))
-  prog.compiling([name for name, _, _ in jobs], jax.config.jax_compilation_cache_dir)
-  compile_s = experiment.compile_programs(jobs)
-  prog.compiled(compile_s)
-  state = None if start else init_state(exp)  # may still fail (pretrained weights' shapes)
+  try:
+    prog.compiling([name for name, _, _ in jobs], jax.config.jax_compilation_cache_dir)
+    compile_s = experiment.compile_programs(jobs)
+    prog.compiled(compile_s)
+    if not start:
+      state = init_state(exp)  # may still fail (pretrained weights' shapes)
+  except BaseException:
+    feed.close()
+    if ckpt is not None:
+      ckpt.close()
+    raise
   os.makedirs(workdir, exist_ok=True)  # the first write
-  ckpt = Checkpointer(ckpt_dir)
+  if ckpt is None:
+    ckpt = Checkpointer(ckpt_dir)
   if start:
-    restored, state = ckpt.restore_latest(abstract)  # newer unreadable steps are set aside
-    if restored != start:  # a streamed feed must start from the restored round
-      feed.close()
-      start, feed = restored, feeds.make_feed(exp, restored)
-      prog.start = start
     report.truncate_jsonl(metrics_path, start)
     if os.path.exists(timing_path):
       report.truncate_jsonl(timing_path, start)
