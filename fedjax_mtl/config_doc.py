@@ -9,6 +9,7 @@ ranges are `validate.FIELDS`, the table the run is validated with.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import sys
@@ -40,6 +41,48 @@ def load_config(spec: str):
   if not hasattr(config, 'items'):
     raise ConfigError(f'config {spec!r}: get_config() returned {config!r}, not a ConfigDict')
   return config
+
+
+def field_names(node, prefix: str = '') -> list[str]:
+  """Dotted names of every field (nested dicts included) of a config."""
+  names = []
+  for k, v in node.items():
+    names.append(prefix + k)
+    if hasattr(v, 'items'):
+      names += field_names(v, f'{prefix}{k}.')
+  return names
+
+
+def unknown_field(cfg, key: str) -> ConfigError:
+  """The error for an override of a field `cfg` lacks: near names, else the valid ones."""
+  parent, _, last = key.rpartition('.')
+  node = cfg
+  for p in parent.split('.') if parent else []:
+    node = node[p] if hasattr(node, 'items') and p in node else None
+  if hasattr(node, 'items'):  # the parent exists: suggest among its fields
+    prefix = parent + '.' if parent else ''
+    near = [prefix + n for n in difflib.get_close_matches(last, list(node), n=3)]
+    valid = f'fields of {parent}: ' if parent else 'top-level fields: '
+    valid += ', '.join(sorted(node))
+  else:
+    near = difflib.get_close_matches(key, field_names(cfg), n=3)
+    valid = 'top-level fields: ' + ', '.join(sorted(cfg))
+  hint = f'did you mean {" or ".join(near)}?' if near else valid
+  return ConfigError(f'unknown config field {key!r}; {hint}')
+
+
+def field_parent(cfg, key: str):
+  """(block, name) of the dotted field `key` of `cfg`, to read or set `block[name]`;
+  the ConfigError of `unknown_field` when a part of `key` is missing."""
+  node = cfg
+  *parents, last = key.split('.')
+  for p in parents:
+    if not hasattr(node, 'items') or p not in node:
+      raise unknown_field(cfg, key)
+    node = node[p]
+  if not hasattr(node, 'items') or last not in node:
+    raise unknown_field(cfg, key)
+  return node, last
 
 
 def _line(name: str, value) -> str:

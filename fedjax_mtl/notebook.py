@@ -42,8 +42,8 @@ def setup(cache_dir: str = '~/.cache/fedjax_mtl/xla') -> str:
   Changes the working directory to the repository root and puts the root and its
   `scripts/` on `sys.path`; on a CPU-only machine keeps freed host memory for reuse
   (before JAX creates its backends; see `fedjax_mtl.hostmem`); sets the persistent
-  compilation cache to `cache_dir` unless `JAX_COMPILATION_CACHE_DIR` names one; prints
-  the devices.
+  compilation cache to `cache_dir` unless it is 'none' or `JAX_COMPILATION_CACHE_DIR`
+  names one; prints the devices.
   """
   root = repo_root()
   os.chdir(root)
@@ -51,9 +51,9 @@ def setup(cache_dir: str = '~/.cache/fedjax_mtl/xla') -> str:
     if p not in sys.path:
       sys.path.insert(0, p)
   hostmem.reuse_freed_memory()
+  import compare  # scripts/compare.py: the cache as every script sets it
+  compare.use_xla_cache(cache_dir)
   import jax
-  if cache_dir and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(cache_dir))
   devices = jax.devices()
   kinds = sorted({d.device_kind for d in devices})
   print(f'JAX {jax.__version__}: {len(devices)} {jax.default_backend()} device(s) '
@@ -64,19 +64,12 @@ def setup(cache_dir: str = '~/.cache/fedjax_mtl/xla') -> str:
 def load_config(spec: str, overrides: Mapping[str, object] | None = None):
   """The config of `configs/x.py[:arg]` (as `--config` loads it) with dotted fields set
   to Python values, e.g. `{'num_rounds': 10, 'data.resolution': {'pascal': (256, 256)}}`.
-  ConfigError naming the field and the fields of its block when a name is unknown."""
+  ConfigError with the near or valid names (as `scripts/compare.py`) when a field is
+  unknown."""
   from fedjax_mtl import config_doc
-  from fedjax_mtl.errors import ConfigError
   config = config_doc.load_config(spec)
   for key, value in (overrides or {}).items():
-    node = config
-    *parents, last = key.split('.')
-    for p in parents + [last]:
-      if not hasattr(node, 'items') or p not in node:
-        fields = ', '.join(sorted(node)) if hasattr(node, 'items') else '(not a block)'
-        raise ConfigError(f'unknown config field {key!r} in {spec}; fields there: {fields}')
-      if p != last:
-        node = node[p]
+    node, last = config_doc.field_parent(config, key)
     node[last] = value
   return config
 
@@ -101,9 +94,7 @@ def eval_curves(workdir: str) -> dict[str, tuple[list[int], list[float]]]:
           if r.get('type') == 'eval']
   out: dict[str, tuple[list[int], list[float]]] = {}
   for r in sorted(rows, key=lambda r: r['round']):
-    name = (report.column_name(r) if 'client' in r else
-            f"{r['task']} {r['metric']}{'↓' if report.lower_is_better(r['task'], r['metric']) else '↑'}")
-    rounds, values = out.setdefault(name, ([], []))
+    rounds, values = out.setdefault(report.column_name(r), ([], []))
     rounds.append(r['round'])
     values.append(float('nan') if r['value'] is None else float(r['value']))
   return out

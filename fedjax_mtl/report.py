@@ -67,8 +67,11 @@ def truncate_jsonl(path: str, max_round: int) -> None:
 
 
 def column_name(row: dict) -> str:
+  """'client/task metric↑' of an eval row; 'task metric↑' for a row without a client
+  (the many-task setting evaluates per task)."""
   arrow = '↓' if _lower(row) else '↑'
-  return f"{row['client']}/{row['task']} {row['metric']}{arrow}"
+  client = f"{row['client']}/" if 'client' in row else ''
+  return f"{client}{row['task']} {row['metric']}{arrow}"
 
 
 def final_eval_rows(path: str) -> list[dict]:

@@ -182,7 +182,10 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   ckpt_dir = os.path.join(workdir, 'checkpoints')
   start = Checkpointer.latest_in(ckpt_dir) or 0
   feed = feeds.make_feed(exp, start)  # opens every data source before anything is written
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  timing_path = os.path.join(workdir, 'timing.jsonl')
   abstract = init_state(exp, abstract=True)
+  total = config.num_rounds
   ckpt = Checkpointer(ckpt_dir) if start else None
   state = None
   try:
@@ -191,34 +194,17 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
       if restored != start:  # a streamed feed must start from the restored round
         feed.close()
         start, feed = restored, feeds.make_feed(exp, restored)
-  except BaseException:
-    feed.close()
-    if ckpt is not None:
-      ckpt.close()
-    raise
-  return _run(config, workdir, exp, feed, ckpt, abstract, start, state, stop_after)
-
-
-def _run(config, workdir: str, exp: Experiment, feed, ckpt: Checkpointer | None,
-         abstract: FedState, start: int, state: FedState | None,
-         stop_after: int | None) -> dict:
-  """`train_and_evaluate` from round `start` (its state restored, or None at 0)."""
-  ckpt_dir = os.path.join(workdir, 'checkpoints')
-  metrics_path = os.path.join(workdir, 'metrics.jsonl')
-  timing_path = os.path.join(workdir, 'timing.jsonl')
-  total = config.num_rounds
-  # A finished run only restores its last state and rewrites its reports: no program runs.
-  jobs = feed.programs(abstract) if start < total else []
-  if not start and not config.model.get('pretrained_path'):
-    jobs.append(('init', experiment.init_program(exp),
-                 (jnp.asarray(config.seed, jnp.uint32), None)))
-  eval_rounds = {r for r in range(1, total + 1) if r % config.eval_every == 0 or r == total}
-  # Every eval record of a unified-model run carries its A1 decision.
-  record = {} if unified_mode(config) == 'none' else {'unified': unified_mode(config)}
-  prog = progress.Progress(f'{config.algorithm} {exp.fed.num_clients} clients', total, start,
-                           eval_rounds, sum(rounds.group_steps(exp)),
-                           enabled=bool(config.progress))
-  try:
+    # A finished run only restores its last state and rewrites its reports: no program runs.
+    jobs = feed.programs(abstract) if start < total else []
+    if not start and not config.model.get('pretrained_path'):
+      jobs.append(('init', experiment.init_program(exp),
+                   (jnp.asarray(config.seed, jnp.uint32), None)))
+    eval_rounds = {r for r in range(1, total + 1) if r % config.eval_every == 0 or r == total}
+    # Every eval record of a unified-model run carries its A1 decision.
+    record = {} if unified_mode(config) == 'none' else {'unified': unified_mode(config)}
+    prog = progress.Progress(f'{config.algorithm} {exp.fed.num_clients} clients', total, start,
+                             eval_rounds, sum(rounds.group_steps(exp)),
+                             enabled=bool(config.progress))
     prog.compiling([name for name, _, _ in jobs], jax.config.jax_compilation_cache_dir)
     compile_s = experiment.compile_programs(jobs)
     prog.compiled(compile_s)

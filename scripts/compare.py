@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
-import difflib
 import io
 import os
 import sys
@@ -81,34 +80,6 @@ def _parse_value(raw: str, old, field: str):
                       f'like the default {old!r}') from None
 
 
-def _field_names(node, prefix: str = '') -> list[str]:
-  """Dotted names of every field (nested dicts included) of a config."""
-  names = []
-  for k, v in node.items():
-    names.append(prefix + k)
-    if hasattr(v, 'items'):
-      names += _field_names(v, f'{prefix}{k}.')
-  return names
-
-
-def _unknown_field(cfg, key: str) -> ConfigError:
-  """The error for an override of a field `cfg` lacks: near names, else the valid ones."""
-  parent, _, last = key.rpartition('.')
-  node = cfg
-  for p in parent.split('.') if parent else []:
-    node = node[p] if hasattr(node, 'items') and p in node else None
-  if hasattr(node, 'items'):  # the parent exists: suggest among its fields
-    prefix = parent + '.' if parent else ''
-    near = [prefix + n for n in difflib.get_close_matches(last, list(node), n=3)]
-    valid = f'fields of {parent}: ' if parent else 'top-level fields: '
-    valid += ', '.join(sorted(node))
-  else:
-    near = difflib.get_close_matches(key, _field_names(cfg), n=3)
-    valid = 'top-level fields: ' + ', '.join(sorted(cfg))
-  hint = f'did you mean {" or ".join(near)}?' if near else valid
-  return ConfigError(f'unknown config field {key!r}; {hint}')
-
-
 def load_config(spec: str):
   """`configs/x.py[:arg] field=value ...` -> ConfigDict; ConfigError (one line) when
   the file, its get_config, a field name or a value is wrong."""
@@ -121,14 +92,7 @@ def load_config(spec: str):
     key, eq, raw = item.partition('=')
     if not eq or not key:
       raise ConfigError(f'override {item!r}: expected field=value')
-    node = cfg
-    *parents, last = key.split('.')
-    for p in parents:
-      if not hasattr(node, 'items') or p not in node:
-        raise _unknown_field(cfg, key)
-      node = node[p]
-    if not hasattr(node, 'items') or last not in node:
-      raise _unknown_field(cfg, key)
+    node, last = config_doc.field_parent(cfg, key)
     node[last] = _parse_value(raw, node[last], key)
   return cfg
 

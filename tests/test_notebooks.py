@@ -14,14 +14,13 @@ import os
 import re
 import tomllib
 
-import jax
 import nbclient
 import nbformat
 import numpy as np
 import pytest
 
+import test_convert
 from fake_datasets import make_nyud, make_pascal
-from fedjax_mtl.models import convert, swin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(os.path.basename(p)[:-len('.ipynb')]
@@ -98,21 +97,13 @@ def test_quickstart_runs_fedhca2_and_local_and_shows_their_comparison(tmp_path):
   assert any(r.get('type') == 'agg' and r.get('alpha') for r in alpha)
 
 
-def _nano_checkpoint(path: str) -> None:
-  """A torch-layout (mmseg) state dict of a random swin_nano, as a .npz."""
-  rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda s: 0.02 * rng.standard_normal(s.shape).astype(np.float32),
-                        swin.param_shapes(swin.swin_nano()))
-  np.savez(path, **{'backbone.' + k: v for k, v in convert.to_state_dict(params, 'mmseg').items()})
-
-
 def test_paper_notebook_builds_caches_converts_and_runs(tmp_path):
   data = tmp_path / 'drive'
   make_pascal(str(data / 'PASCALContext'), ids=[f'2008_{i:06d}' for i in range(1, 21)],
               num_val=3)
   make_nyud(str(data / 'NYUDv2'), ids=[f'{i:04d}' for i in range(1, 7)])
-  ckpt = str(tmp_path / 'upernet_swin_nano.npz')
-  _nano_checkpoint(ckpt)
+  ckpt = str(tmp_path / 'upernet_swin_nano.npz')  # a random swin_nano in mmseg naming
+  np.savez(ckpt, **{'backbone.' + k: v for k, v in test_convert._mmseg_sd(0).items()})
   out = str(tmp_path / 'run')
   nb = execute('fedhca2_paper', CONFIG='configs/fedavg.py:paper', DATA_ROOT=str(data), CHECKPOINT=ckpt, ENCODER='swin_nano',
                CACHE_DIR=str(tmp_path / 'cache'), OUT=out, WORKERS=0,
