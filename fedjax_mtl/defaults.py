@@ -189,6 +189,9 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   c.delta_m_reference = ''  # workdir of a Local run: results tables get Δm against it
   c.num_devices = 0  # 0: all visible devices
   c.progress = True
+  # Multi-process runs (fedjax_mtl/distributed.py): empty = the environment or one process.
+  from fedjax_mtl import distributed
+  c.distributed = distributed.config_block()
   c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
   # FedDEA's unified model for task-level clients ('literal' / 'owner', spec
   # feddea §6 A1); 'none' is the hetero-client engine.

@@ -38,7 +38,7 @@ DATA_SOURCES = ('synthetic', 'real')
 # between a run and its resumption (dotted names are nested fields).
 RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'tensorboard', 'eval_edge_ods',
                     'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
-                    'data.cache_dir')
+                    'data.cache_dir', 'distributed')
 # XLA:CPU's `cse_barrier_expander` pass drops the optimisation barriers that
 # `jax.checkpoint` places around the recomputed forward, and CSE then merges the
 # recomputation back into the forward pass: remat would change nothing.
@@ -167,6 +167,7 @@ def _build(config) -> Experiment:
   n_dev = config.num_devices or len(devices)
   if n_dev > len(devices):
     raise ConfigError(f'num_devices={n_dev} but only {len(devices)} devices are visible')
+  check_processes(n_dev, devices)
   mesh = Mesh(np.asarray(devices[:n_dev]), ('clients',))
   fed = federation.build_federation(clients, n_dev)
   models_train = [dense_model(config, encoder, g.head_channels, dtype) for g in fed.groups]
@@ -190,6 +191,26 @@ def _build(config) -> Experiment:
                     models_train=models_train, models_eval=models_eval,
                     tx=local.make_optimizer(config.optim), algorithm=alg, labels=labels,
                     start_axes=uniform_start_axes(config, alg, labels))
+
+
+def check_processes(n_dev: int, devices) -> None:
+  """ConfigError unless the client axis splits evenly over the run's processes: every
+  process has the same number of devices and the mesh uses all of them (each group's
+  clients are padded to a multiple of the mesh size, so each process trains the same
+  number of client slots)."""
+  n_proc = jax.process_count()
+  if n_proc == 1:
+    return
+  per = {}
+  for d in devices:
+    per[d.process_index] = per.get(d.process_index, 0) + 1
+  if len(set(per.values())) > 1:
+    raise ConfigError(f'the {n_proc} processes have unequal device counts '
+                      f'({", ".join(f"process {p}: {k}" for p, k in sorted(per.items()))}); '
+                      'the clients cannot be split evenly over them')
+  if n_dev != len(devices):
+    raise ConfigError(f'num_devices={n_dev} does not split the clients over the {n_proc} '
+                      f"processes' {len(devices)} devices; valid choices: 0 or {len(devices)}")
 
 
 def dense_model(config, encoder, head_channels: tuple[int, ...], dtype):
@@ -312,8 +333,19 @@ def init_program(exp: Experiment):
               for (p, b), g in zip(pb, exp.fed.groups)]
       return _with_server(exp, _client_states(exp, pb), rnd, rng)
 
-    exp.compiled['init'] = jax.jit(full)
+    # Created on the mesh: client axes sharded, the rest replicated (no host copy,
+    # and in a multi-process run no cross-process check of host values).
+    shapes = jax.eval_shape(full, jax.ShapeDtypeStruct((), jnp.uint32))
+    exp.compiled['init'] = jax.jit(full, out_shardings=_state_shardings(exp, shapes))
   return exp.compiled['init']
+
+
+def _state_shardings(exp: Experiment, state: FedState) -> FedState:
+  """`state`'s tree of shardings: client axes over the mesh, the rest replicated."""
+  on = lambda t, s: jax.tree.map(lambda _: s, t)
+  return FedState(round=on(state.round, exp.replicated), rng=on(state.rng, exp.replicated),
+                  groups=on(state.groups, exp.client_sharding),
+                  server=on(state.server, exp.replicated))
 
 
 def init_state(exp: Experiment, abstract: bool = False) -> FedState:
@@ -328,20 +360,15 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   pretrained = exp.config.model.get('pretrained_path')
   if abstract:
     state = jax.eval_shape(program, key)
-    groups = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.client_sharding),
-        state.groups)
-    rep = lambda t: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=exp.replicated), t)
-    return FedState(round=rep(state.round), rng=rep(state.rng), groups=groups,
-                    server=rep(state.server))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state, _state_shardings(exp, state))
   enc = None
   if pretrained:
     params, stats = jax.eval_shape(_init_fn(exp), key)[0][0]
     like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), like)
     enc = load_pretrained_encoder(pretrained, exp.encoder, one)  # one client's shapes
-  return place(exp, program(key, enc))
+  return program(key, enc)
 
 
 def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
@@ -382,10 +409,3 @@ def load_pretrained_encoder(path: str, encoder, like: PyTree) -> dict:
   if jax.tree.map(np.shape, out) != jax.tree.map(np.shape, want):
     raise ConfigError(f'pretrained weights in {path!r} do not match model {encoder!r}')
   return jax.tree.map(jnp.asarray, out)
-
-
-def place(exp: Experiment, state: FedState) -> FedState:
-  """Shard client axes over the mesh; replicate the rest."""
-  groups = jax.device_put(state.groups, exp.client_sharding)
-  rest = jax.device_put((state.round, state.rng, state.server), exp.replicated)
-  return FedState(round=rest[0], rng=rest[1], groups=groups, server=rest[2])

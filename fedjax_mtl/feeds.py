@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 import jax
 import jax.numpy as jnp
 
-from fedjax_mtl import evaluate, rounds
+from fedjax_mtl import distributed, evaluate, rounds
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.data import device_augment, real
 from fedjax_mtl.errors import check_choice
@@ -117,7 +117,7 @@ class InMemoryFeed:
   def eval_outputs(self, state, linear: bool = False):
     fn = (_compiled(self.exp, 'eval_fn_linear', lambda: _make_eval_fn(self.exp, True))
           if linear else self.eval_fn)
-    out = jax.device_get(fn(state.groups, self.test_data))
+    out = distributed.host_get(fn(state.groups, self.test_data))
     stats, edges = [o[0] for o in out], []
     b = self.exp.config.eval_batch_size
     edge_scores = [None] * len(out) if linear else _edge_scores(self.exp)
@@ -161,7 +161,8 @@ def device_data(exp: Experiment):
   train = {d: {'train': v['train']} for d, v in exp.data.items()}
   test = {d: evaluate.batch_test_split(v['test'], exp.config.eval_batch_size)
           for d, v in exp.data.items()}
-  return jax.device_put(train, exp.replicated), jax.device_put(test, exp.replicated)
+  return (distributed.put_replicated(train, exp.replicated),
+          distributed.put_replicated(test, exp.replicated))
 
 
 _copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
@@ -259,7 +260,7 @@ class StreamedFeed:
       accs, pending = None, None
       for batch in real.iterate(source, threads=self.threads):
         gt = batch.get('edge')
-        batch = jax.device_put(batch, exp.replicated)
+        batch = distributed.put_replicated(batch, exp.replicated)
         if accs is None:  # zeros of the statistics' shapes: one compiled function
           shapes = jax.eval_shape(fns[d], state.groups, batch, None)[0]
           accs = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
@@ -269,7 +270,7 @@ class StreamedFeed:
         pending = (probs, gt)
       if pending is not None:
         _score(members, scores, *pending)
-      for i, st in zip(members, jax.device_get(accs)):
+      for i, st in zip(members, distributed.host_get(accs)):
         stats[i] = st
     return stats, [None if s is None else s.rows() for s in scores]
 
@@ -313,7 +314,7 @@ def _score(members: list, scores: list, probs: list, gt) -> None:
   """Host-side odsF of one test batch for the groups `members` (`probs` per member)."""
   for i, p in zip(members, probs):
     if scores[i] is not None:
-      scores[i].update(jax.device_get(p)[0], gt)
+      scores[i].update(distributed.host_get(p)[0], gt)
 
 
 def _device_augmentation(exp: Experiment, chunks: real.TrainChunks) -> tuple:

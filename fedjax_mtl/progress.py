@@ -45,8 +45,9 @@ class Progress:
   """The run's progress display: compile phase, rounds bar with ETA, step bar."""
 
   def __init__(self, desc: str, total: int, start: int, eval_rounds: set[int],
-               steps_per_round: int, enabled: bool = True, steps_bar: bool | None = None):
-    self.enabled = enabled
+               steps_per_round: int, enabled: bool = True, steps_bar: bool | None = None,
+               summaries: bool = True):
+    self.enabled, self.summaries = enabled, summaries
     self.total, self.eval_rounds = total, eval_rounds
     self.steps_per_round = steps_per_round
     self.desc, self.start = desc, start
@@ -112,7 +113,8 @@ class Progress:
     elif eta is not None:
       self.bar.set_postfix_str(f'ETA {_clock(eta)}', refresh=False)
     self.bar.update(1)
-    tqdm.write(summary)
+    if self.summaries:
+      tqdm.write(summary)
 
   def __exit__(self, *exc) -> None:
     if self.step is not None:

@@ -12,15 +12,13 @@ happen once per round (logging).
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import evaluate, experiment, feeds, progress, report, rounds, validate
+from fedjax_mtl import distributed, evaluate, experiment, feeds, progress, report, rounds, validate
 from fedjax_mtl.algorithms.base import unified_mode
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.defaults import base_config
@@ -172,12 +170,21 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
 
   `stop_after` ends the process after that many completed rounds, as an
   interruption would (used to test resumption).
+
+  Multi-process runs (`distributed`): every process calls this with the same config
+  and workdir (a shared filesystem); only process 0 writes metrics, reports and
+  progress, and every process saves its shards of the checkpoints.
   """
   if config.get('setting', 'dense') == 'many_task':
+    if distributed.settings(config) is not None:
+      raise ConfigError("multi-process runs (distributed.*, JAX_COORDINATOR_ADDRESS) take "
+                        "setting='dense' only; run the many-task setting as one process")
     from fedjax_mtl.manytask import run
     return run.train_and_evaluate(config, workdir, stop_after)
   validate.check_run(config, workdir)
   _check_workdir(config, workdir)
+  distributed.initialize(config)  # before JAX's backends (a no-op for one process)
+  primary = distributed.is_primary()
   exp = build(config)
   ckpt_dir = os.path.join(workdir, 'checkpoints')
   start = Checkpointer.latest_in(ckpt_dir) or 0
@@ -204,12 +211,13 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     record = {} if unified_mode(config) == 'none' else {'unified': unified_mode(config)}
     prog = progress.Progress(f'{config.algorithm} {exp.fed.num_clients} clients', total, start,
                              eval_rounds, sum(rounds.group_steps(exp)),
-                             enabled=bool(config.progress))
+                             enabled=bool(config.progress) and primary, summaries=primary)
     prog.compiling([name for name, _, _ in jobs], jax.config.jax_compilation_cache_dir)
     compile_s = experiment.compile_programs(jobs)
     prog.compiled(compile_s)
     if not start:
       state = init_state(exp)  # may still fail (pretrained weights' shapes)
+    distributed.barrier('compiled')  # every process compiled its programs
   except BaseException:
     feed.close()
     if ckpt is not None:
@@ -218,7 +226,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   os.makedirs(workdir, exist_ok=True)  # the first write
   if ckpt is None:
     ckpt = Checkpointer(ckpt_dir)
-  if start:
+  if not primary:
+    pass  # process 0 writes the run's files
+  elif start:
     report.truncate_jsonl(metrics_path, start)
     if os.path.exists(timing_path):
       report.truncate_jsonl(timing_path, start)
@@ -227,10 +237,12 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     report.atomic_write(metrics_path, '')
     report.atomic_write(timing_path, '')
     report.append_jsonl(metrics_path, [_meta_row(exp)])
-  report.append_jsonl(timing_path, [{'round': start, 'compile_s': compile_s}])
-  report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  if primary:
+    report.append_jsonl(timing_path, [{'round': start, 'compile_s': compile_s}])
+    report.atomic_write(os.path.join(workdir, 'config.json'),
+                        config.to_json_best_effort(indent=2))
   sink = None
-  if config.get('tensorboard', False):
+  if config.get('tensorboard', False) and primary:
     from fedjax_mtl import sinks  # optional extra
     sink = sinks.TensorBoardSink(os.path.join(workdir, 'tensorboard'),
                                  purge_step=start + 1 if start else None)
@@ -243,7 +255,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
       for rnd in range(start + 1, total + 1):
         prog.round_start(rnd)
         state, out = feed.run_round(state, rnd, prog.step_callback())  # training -> aggregation
-        out = jax.device_get(out)  # the one host transfer per round
+        out = distributed.host_get(out)  # the one host transfer per round
         diverged = divergence(exp, rnd, out['health'])
         if diverged:  # the round is not committed: no rows, no checkpoint
           break
@@ -255,7 +267,8 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
           if linear_eval:  # NTKFedAvg's evaluation B, beside the model itself (A)
             eval_rows += [{'round': rnd, 'type': 'eval_linear', **r, **record}
                           for r in run_eval(exp, state, feed, linear=True)]
-        report.append_jsonl(metrics_path, rows + eval_rows)
+        if primary:
+          report.append_jsonl(metrics_path, rows + eval_rows)
         if sink is not None:
           sink.write(rows + eval_rows)
         if rnd % config.checkpoint_every == 0 or rnd == total:
@@ -264,8 +277,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
         prog.round_end(rnd, dt, bool(eval_rows), _summary(
             rnd, total, dt, [r for r in rows if r['type'] == 'train'], eval_rows))
         # Wall times go to their own file: metrics.jsonl stays identical across resumes.
-        report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt,
-                                           'eval': bool(eval_rows)}])
+        if primary:
+          report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt,
+                                             'eval': bool(eval_rows)}])
         if stop_after is not None and rnd >= stop_after:
           return {'state': state, 'eval': eval_rows, 'interrupted': True}
   finally:
@@ -278,8 +292,11 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     raise DivergedError(f'{diverged}; the round was not saved (newest checkpoint: '
                         f'{f"round {newest}" if newest else "none"}); lower optim.lr '
                         'or check the data')
+  distributed.barrier('metrics written')  # process 0's rows are on disk
   final = [r for r in report.read_jsonl(metrics_path) if r['type'] == 'eval'
            and r['round'] == total]
+  if not primary:
+    return {'state': state, 'eval': final, 'interrupted': False}
   all_rows = report.read_jsonl(metrics_path)
   report.plot_metric_curves(all_rows, workdir)
   report.plot_hyperweights(all_rows, workdir)

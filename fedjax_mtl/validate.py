@@ -241,6 +241,14 @@ FIELDS: dict[str, Field] = {
                                "same scenario and data: results get Δm against it ('' = none)"),
     'num_devices': Field('devices the clients are sharded over (0 = all visible)', at_least(0)),
     'progress': Field('show a progress bar'),
+    'distributed.coordinator': Field("multi-process runs: host:port of process 0's coordinator "
+                                     "('' = JAX_COORDINATOR_ADDRESS, or one process)"),
+    'distributed.num_processes': Field('multi-process runs: the process count (0 = '
+                                       'JAX_NUM_PROCESSES, or one process)', at_least(0)),
+    'distributed.process_id': Field('multi-process runs: this process, 0..num_processes-1 '
+                                    '(-1 = JAX_PROCESS_ID)', at_least(-1)),
+    'distributed.timeout_s': Field('multi-process runs: seconds to wait for the coordinator '
+                                   'and every process to join', above(0)),
     'tensorboard': Field('also write TensorBoard event files to <workdir>/tensorboard'),
     'unified': Field("FedDEA's unified model for task-level clients: none (the hetero-client "
                      'engine), literal (one global encoder + every decoder/head, spec A1), '

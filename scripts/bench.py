@@ -23,6 +23,8 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=ntk_step       # NTKFedAvg's linearised step vs the plain one
     python scripts/bench.py --only=ntk_alpha      # NTKFedAvg's server-α grid: one linearize vs 20 forwards
     python scripts/bench.py --only=scan_conv      # conv steps in one lax.scan vs one call each
+    python scripts/bench.py --only=multihost      # 2 processes x 2 CPU devices vs 1 x 4: round
+                                                  # time and the collectives of a round
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -1104,6 +1106,84 @@ def bench_augment(num_chunks: int = 3, batch: int = 8, size: int = 512,
   return out
 
 
+def bench_multihost(rounds: int = 5, algorithm: str = 'hca2') -> dict:
+  """The smoke config for `rounds` rounds as two processes with 2 CPU devices each
+  (127.0.0.1, one shared workdir) and as one process with 4: the median round time
+  without evaluation (rounds 2..rounds-1; round 1 and the last are left out), and the
+  collectives in the round's programs (`round_collectives`, 4 devices)."""
+  import socket
+  import subprocess
+  import tempfile
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  flags = os.environ.get('XLA_FLAGS', '')
+  cmd = [sys.executable, '-m', 'fedjax_mtl.main', f'--config=configs/{algorithm}.py:smoke',
+         f'--config.num_rounds={rounds}', f'--config.eval_every={rounds}',
+         '--config.progress=false']
+
+  def run(n_proc, devices, wd):
+    with socket.socket() as sock:
+      sock.bind(('127.0.0.1', 0))
+      port = sock.getsockname()[1]
+    procs = []
+    for i in range(n_proc):
+      env = dict(os.environ, XLA_FLAGS=f'{flags} --xla_force_host_platform_device_count='
+                 f'{devices}')
+      if n_proc > 1:
+        env.update(JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_NUM_PROCESSES=str(n_proc),
+                   JAX_PROCESS_ID=str(i))
+      procs.append(subprocess.Popen(cmd + [f'--workdir={wd}'], cwd=root, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+      _, err = p.communicate()
+      if p.returncode:
+        raise RuntimeError(f'{n_proc}-process run failed: {err[-2000:]}')
+    with open(os.path.join(wd, 'timing.jsonl')) as f:
+      rows = [json.loads(line) for line in f]
+    steady = [r['seconds'] for r in rows if 1 < r.get('round', 0) < rounds and 'seconds' in r]
+    return float(np.median(steady))
+
+  out = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    run(1, 4, os.path.join(tmp, 'warm'))  # fills the compilation cache for process 0
+    out['one_process_4dev_round_s'] = run(1, 4, os.path.join(tmp, 'one'))
+    out['two_processes_2dev_round_s'] = run(2, 2, os.path.join(tmp, 'two'))
+    out['round_time_ratio'] = out['two_processes_2dev_round_s'] / out['one_process_4dev_round_s']
+    probe = subprocess.run(
+        [sys.executable, '-c', 'import json, sys; sys.path.insert(0, "scripts"); import bench; '
+         f'print(json.dumps(bench.round_collectives({algorithm!r})))'],
+        cwd=root, capture_output=True, text=True,
+        env=dict(os.environ, XLA_FLAGS=f'{flags} --xla_force_host_platform_device_count=4'))
+    if probe.returncode:
+      raise RuntimeError(probe.stderr[-2000:])
+    out.update(json.loads(probe.stdout.strip().splitlines()[-1]))
+  return out
+
+
+def round_collectives(algorithm: str = 'hca2') -> dict:
+  """The cross-device collectives in the compiled programs of one smoke round on every
+  visible device (4 in `bench_multihost`): per program, their count and result bytes;
+  and the bytes that cross processes when the devices are split over 2 processes
+  (`distributed.collective_bytes`)."""
+  from fedjax_mtl import distributed
+  cfg = algorithm_config(algorithm, 'smoke')
+  exp = train.build(cfg)
+  feed = feeds.make_feed(exp)
+  out = {'devices': jax.device_count()}
+  total = 0
+  for name, fn, args in feed.programs(train.init_state(exp, abstract=True)):
+    ops = distributed.collective_bytes(fn.lower(*args).compile().as_text())
+    key = name.replace(' ', '_')
+    out[f'{key}_collectives'] = len(ops)
+    out[f'{key}_result_bytes'] = sum(b for _, b in ops)
+    if name != 'evaluate':  # a round: training and aggregation
+      total += sum(b for _, b in ops)
+  # An all-gather or all-reduce over D devices split evenly over P processes hands each
+  # process the (P-1)/P of the result that the other processes hold.
+  out['round_bytes_crossing_per_process_2proc'] = total // 2
+  feed.close()
+  return out
+
+
 def _jsonl_log(path: str):
   """A logger that prints each workload's result as it comes and, with --json, also
   appends it to `<json>.jsonl` (partial results survive a run cut short)."""
@@ -1137,7 +1217,8 @@ def main(argv=None):
                  choices=['engine', 'hca2', 'swin', 'swin_memory', 'pipeline', 'mfu',
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                           'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-                          'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv', 'all'],
+                          'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost',
+                          'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -1234,6 +1315,8 @@ def main(argv=None):
   if a.only == 'ntk_alpha':  # not in 'all': CLIP ViT-B/32 forwards at 224
     import bench_steps
     results['ntk_alpha'] = bench_steps.bench_ntk_alpha(a.repeats)
+  if a.only == 'multihost':  # not in 'all': five runs of the smoke config in subprocesses
+    results['multihost'] = bench_multihost()
   if a.only in ('gpu', 'ntk_step'):  # not in 'all': paper-size steps are for accelerators
     import bench_steps
     log = _jsonl_log(a.json)
@@ -1248,7 +1331,7 @@ def main(argv=None):
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-               'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv'):
+               'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:
