@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_mtl import distributed, evaluate, rounds
 from fedjax_mtl import tasks as tasks_lib
@@ -187,9 +188,18 @@ class StreamedFeed:
 
   def programs(self, state):
     """The evaluation programs (`experiment.compile_programs`); the chunk trainers and
-    the aggregation compile on their first call, while the host prepares chunks."""
+    the aggregation compile on their first call, while the host prepares chunks. A
+    multi-process run compiles the aggregation here too: no process may reach its
+    collectives while another still compiles it (`distributed.barrier`)."""
     exp = self.exp
     jobs = []
+    if jax.process_count() > 1:
+      params = [gs.params for gs in state.groups]
+      metrics = [_with_sharding(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                             _zero_accs(g, g.num_total)), exp.client_sharding)
+                 for g in exp.fed.groups]
+      jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), params,
+                                              rounds.abstract_round_start(exp, params), metrics)))
     for d, source in self.eval_batches.items():
       batch = _with_sharding(jax.eval_shape(lambda: source[0]), exp.replicated)
       accs = jax.eval_shape(self.eval_batch_fns[d], state.groups, batch, None)[0]
@@ -205,12 +215,15 @@ class StreamedFeed:
     return self._feed
 
   def _chunk_arrays(self, element: dict) -> dict:
-    """A fed chunk on device: client axes sharded over the mesh."""
+    """A fed chunk on device: client axes sharded over the mesh (from this process's
+    rows of them, `TrainChunks.rows`)."""
     shard, rep = self.exp.client_sharding, self.exp.replicated
+    n = self.exp.fed.groups[int(element['group'])].num_total
     x = {k[2:]: v for k, v in element.items() if k.startswith('x/')}
-    return {'x': jax.device_put(x, shard), 'mask': jax.device_put(element['mask'], shard),
-            'epoch': jax.device_put(element['epoch'], rep),
-            'step': jax.device_put(element['step'], rep)}
+    return {'x': distributed.put_local(x, shard, n),
+            'mask': distributed.put_local(element['mask'], shard, n),
+            'epoch': distributed.put_replicated(element['epoch'], rep),
+            'step': distributed.put_replicated(element['step'], rep)}
 
   def run_round(self, state, rnd, progress=None):
     """Chunks are dispatched asynchronously: the host prepares the next chunk
@@ -221,12 +234,9 @@ class StreamedFeed:
     groups = list(state.groups)
     start = (_copy([gs.params for gs in groups]) if self.exp.start_axes is None
              else rounds.round_start(self.exp, [gs.params for gs in groups]))
-    accs = [{'loss_sum': jnp.zeros((g.num_total, g.num_slots), jnp.float32),
-             'steps': jnp.zeros((g.num_total,), jnp.int32),
-             'first_loss': jnp.zeros((g.num_total,), jnp.float32),
-             'last_loss': jnp.zeros((g.num_total,), jnp.float32)}
-            for g in self.exp.fed.groups]
-    accs = jax.device_put(accs, self.exp.client_sharding)
+    accs = [distributed.put_local(_zero_accs(g, r.stop - r.start), self.exp.client_sharding,
+                                  g.num_total)
+            for g, r in zip(self.exp.fed.groups, self.train_chunks.rows)]
     done = [0] * len(groups)  # steps dispatched per group
     for _ in range(self.train_chunks.per_round):
       el = next(feed)
@@ -243,6 +253,7 @@ class StreamedFeed:
         spec = self.train_chunks.specs[g]
         progress(min(spec.chunk_steps, spec.num_steps - done[g]))
         done[g] += spec.chunk_steps
+    distributed.barrier(f'round {rnd} aggregation')  # every process dispatched its chunks
     return rounds.aggregate(self.agg_fn, state.replace(groups=groups), start, accs,
                             rounds.stats_program(self.exp))
 
@@ -263,7 +274,8 @@ class StreamedFeed:
         batch = distributed.put_replicated(batch, exp.replicated)
         if accs is None:  # zeros of the statistics' shapes: one compiled function
           shapes = jax.eval_shape(fns[d], state.groups, batch, None)[0]
-          accs = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+          accs = distributed.put_replicated(
+              jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes), exp.replicated)
         accs, probs = fns[d](state.groups, batch, accs)
         if pending is not None:
           _score(members, scores, *pending)
@@ -277,6 +289,12 @@ class StreamedFeed:
   def close(self):
     if self._feed is not None:
       self._feed.close()  # stops grain workers
+
+
+def _zero_accs(g, n: int) -> dict:
+  """A group's training statistics, zero, for `n` of its clients (host arrays)."""
+  return {'loss_sum': np.zeros((n, g.num_slots), np.float32), 'steps': np.zeros((n,), np.int32),
+          'first_loss': np.zeros((n,), np.float32), 'last_loss': np.zeros((n,), np.float32)}
 
 
 def _streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
@@ -297,8 +315,10 @@ def _streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
         keys=g.tasks_used))
     sources.append([real.client_source(cfg, c) for c in clients])
   transforms = {d: real.T.train_transforms(size_of[d]) for d in size_of}
+  # A multi-process run reads only the clients on this process's devices.
+  rows = [distributed.local_rows(exp.client_sharding, g.num_total) for g in fed.groups]
   chunks = real.TrainChunks(specs, sources, cfg.num_rounds, size_of, int(cfg.data.seed),
-                            transforms)
+                            transforms, rows=rows)
   eval_batches = {}
   for d in sorted({g.dataset for g in fed.groups}):
     keys = tuple(t for t in tasks_lib.DATASETS[d].tasks
@@ -331,7 +351,7 @@ def _device_augmentation(exp: Experiment, chunks: real.TrainChunks) -> tuple:
 
   def make():
     raw = real.TrainChunks(chunks.specs, chunks.sources, chunks.num_rounds, chunks.size_of,
-                           chunks.seed, chunks.transforms_of, augment='device')
+                           chunks.seed, chunks.transforms_of, augment='device', rows=chunks.rows)
     by_dataset = {d: device_augment.make_chunk_augmenter(
         device_augment.config_from_transforms(ts), chunks.seed, exp.client_sharding)
         for d, ts in chunks.transforms_of.items()}

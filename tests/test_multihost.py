@@ -1,8 +1,9 @@
 """Multi-process runs on the JAX distributed runtime (fedjax_mtl/distributed.py).
 
-Two processes on 127.0.0.1 with 2 CPU devices each run the smoke hca2 config
-(`multihost_worker.py`); both are killed after the first round's checkpoint, then
-resumed; the result matches one process with 4 devices. Bad settings end with one
+One process with 4 CPU devices runs the smoke hca2 config (`multihost_worker.py`)
+and matches the same run on one device. Two processes on 127.0.0.1 with 2 CPU
+devices each run it too; both are killed after the first round's checkpoint, then
+resumed; the result matches the 4-device process. Bad settings end with one
 `error:` line before anything is written.
 """
 
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -57,16 +59,76 @@ def _wait(procs, timeout=400) -> list[tuple[int, str]]:
   return out
 
 
-def test_two_processes_killed_and_resumed_match_one_process_with_four_devices(tmp_path):
-  worker = [sys.executable, 'multihost_worker.py']
-  one = subprocess.run(worker + [str(tmp_path / 'one.npz'), str(tmp_path / 'wd1')], cwd=HERE,
-                       env=_env(4), capture_output=True, text=True, timeout=400)
-  assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+WORKER = [sys.executable, 'multihost_worker.py']
+# Biases feeding a train-mode BatchNorm (the decoders' linears and the encoder's stage
+# norms) have an exactly zero gradient (BN removes any constant shift): Adam turns the
+# rounding noise in that zero into lr-sized random steps, so they are compared only for
+# boundedness; they do not change the outputs.
+SHIFT_INVARIANT = re.compile(r"\['(norm\d|linear_\d|fuse_conv)'\]\['bias'\]$")
 
+
+def _assert_close(got, want: dict, ev_got: list, ev_want: list) -> None:
+  """Final views and evaluation rows of two runs of the same config on other meshes.
+
+  Sharding changes the shapes of the vmapped matmuls and with them XLA:CPU's summation
+  order, which training carries into the parameters: up to 4.3e-5 apart on an AMD EPYC
+  host (2 % of one lr-sized Adam step, lr = 2e-3). A sharding fault (a client's data
+  or parameters on the wrong device or process, padding clients averaged in) moves
+  them by whole steps.
+  """
+  keys = [k for k in want if k.startswith(('enc', 'dec', 'heads'))]
+  assert sorted(keys) == sorted(k for k in got if k.startswith(('enc', 'dec', 'heads')))
+  checked = 0
+  for k in keys:
+    if SHIFT_INVARIANT.search(k):
+      np.testing.assert_allclose(got[k], want[k], atol=5e-3)
+    else:
+      np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+      checked += 1
+  assert checked > 50
+  assert [(r['client'], r['task']) for r in ev_got] == [(r['client'], r['task']) for r in ev_want]
+  # odsF thresholds binarise the edge maps, so it jumps with tiny prediction changes on
+  # 8 test images, and mIoU of a barely trained model flips on near-tied argmax pixels
+  # (hence 5 %); the parameters above are the real check.
+  smooth = [i for i, r in enumerate(ev_want) if r['metric'] != 'odsF']
+  np.testing.assert_allclose([ev_got[i]['value'] for i in smooth],
+                             [ev_want[i]['value'] for i in smooth], rtol=5e-2)
+
+
+@pytest.fixture(scope='module')
+def four_devices(tmp_path_factory):
+  """One process over 4 CPU devices: (final views .npz, workdir)."""
+  tmp = tmp_path_factory.mktemp('four')
+  r = subprocess.run(WORKER + [str(tmp / 'one.npz'), str(tmp / 'wd')], cwd=HERE, env=_env(4),
+                     capture_output=True, text=True, timeout=400)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  return np.load(tmp / 'one.npz'), tmp / 'wd'
+
+
+def test_four_devices_match_one_device(four_devices, tmp_path):
+  from multihost_worker import config
+  from test_engine import _real_views
+  from fedjax_mtl import train
+  got, _ = four_devices
+  assert int(got['num_devices']) == 4 and int(got['devices_holding_clients']) == 4
+  # pascal: 4 single-task clients; nyud: 1 multi-task client padded to 4 devices.
+  assert int(got['num_padded_clients']) == 4 + 4
+  full = train.train_and_evaluate(config(), str(tmp_path / 'wd'))
+  exp = train.build(config())
+  enc, dec, heads = _real_views(exp, full['state'])
+  want = {f'{name}{jax.tree_util.keystr(path)}': x
+          for name, tree in (('enc', enc), ('dec', dec), ('heads', heads))
+          for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  _assert_close(got, want, json.loads(str(got['eval'])), full['eval'])
+
+
+def test_two_processes_killed_and_resumed_match_one_process_with_four_devices(
+    four_devices, tmp_path):
+  want, wd1 = four_devices
   # Two processes, one shared workdir: both killed once round 1's checkpoint is committed.
   wd = tmp_path / 'wd2'
   log = open(tmp_path / 'first.log', 'w')
-  procs = _launch(worker + [str(tmp_path / 'two.npz'), str(wd)], log=log)
+  procs = _launch(WORKER + [str(tmp_path / 'two.npz'), str(wd)], log=log)
   deadline = time.monotonic() + 400
   while not (wd / 'checkpoints' / '1').is_dir():
     assert all(p.poll() is None for p in procs), open(tmp_path / 'first.log').read()[-3000:]
@@ -79,40 +141,23 @@ def test_two_processes_killed_and_resumed_match_one_process_with_four_devices(tm
   assert not (wd / 'checkpoints' / '2').exists() and not (tmp_path / 'two.npz').exists()
   assert {r['round'] for r in read_jsonl(str(wd / 'metrics.jsonl'))} <= {0, 1}
 
-  resumed = _wait(_launch(worker + [str(tmp_path / 'two.npz'), str(wd)]))
+  resumed = _wait(_launch(WORKER + [str(tmp_path / 'two.npz'), str(wd)]))
   for rc, text in resumed:
     assert rc == 0, text[-3000:]
   # Process 0 alone prints the round summaries; it resumed at round 2.
   assert [re.findall(r'^round \d', t, re.M) for _, t in resumed] == [['round 2'], []]
 
-  got, want = np.load(tmp_path / 'two.npz'), np.load(tmp_path / 'one.npz')
+  got = np.load(tmp_path / 'two.npz')
   assert int(got['num_processes']) == 2 and int(got['num_devices']) == 4
-  assert int(got['processes_holding_clients']) == 2  # the client axis spans both processes
-  assert int(want['num_processes']) == 1 and int(want['num_devices']) == 4
-  # Same tolerance and reason as test_engine's 4-device test: the same mesh of four
-  # devices, with the aggregation's collectives crossing processes (gloo) instead
-  # of staying in one; biases feeding a train-mode BatchNorm have an exactly zero
-  # gradient, which Adam turns into lr-sized noise, so they are only bounded.
-  shift_invariant = re.compile(r"\['(norm\d|linear_\d|fuse_conv)'\]\['bias'\]$")
-  keys = [k for k in want.files if k.startswith(('enc', 'dec', 'heads'))]
-  assert sorted(keys) == sorted(k for k in got.files if k.startswith(('enc', 'dec', 'heads')))
-  checked = 0
-  for k in keys:
-    if shift_invariant.search(k):
-      np.testing.assert_allclose(got[k], want[k], atol=5e-3)
-    else:
-      np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
-      checked += 1
-  assert checked > 50
-  ev_got, ev_want = json.loads(str(got['eval'])), json.loads(str(want['eval']))
-  assert [(r['client'], r['task']) for r in ev_got] == [(r['client'], r['task']) for r in ev_want]
-  smooth = [i for i, r in enumerate(ev_want) if r['metric'] != 'odsF']
-  np.testing.assert_allclose([ev_got[i]['value'] for i in smooth],
-                             [ev_want[i]['value'] for i in smooth], rtol=5e-2)
+  # The client axis spans both processes' devices.
+  assert int(got['processes_holding_clients']) == 2 and int(got['devices_holding_clients']) == 4
+  assert int(want['num_processes']) == 1
+  # The same mesh of four devices as `want`, with the aggregation's collectives
+  # crossing processes (gloo over TCP) instead of staying in one.
+  _assert_close(got, want, json.loads(str(got['eval'])), json.loads(str(want['eval'])))
   # One metrics file, written by process 0: every round once, training losses as in
   # the one-process run.
-  rows, ref = read_jsonl(str(wd / 'metrics.jsonl')), read_jsonl(str(tmp_path / 'wd1' /
-                                                                     'metrics.jsonl'))
+  rows, ref = read_jsonl(str(wd / 'metrics.jsonl')), read_jsonl(str(wd1 / 'metrics.jsonl'))
   key = lambda r: (r['round'], r['type'], r.get('client'), r.get('task'), r.get('metric'))
   assert sorted(map(key, rows)) == sorted(map(key, ref))
   loss = lambda rs: [r['loss'] for r in sorted(rs, key=key) if r['type'] == 'train']

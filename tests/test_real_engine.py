@@ -85,6 +85,27 @@ def test_parts_client_keeps_images_with_humans(data_dir):
   assert all(np.array_equal(np.sort(c.draw_indices), c.train_indices) for c in others)
 
 
+def test_a_process_reads_only_its_rows_of_each_chunk(data_dir):
+  # A multi-process run's feed (`TrainChunks.rows`, from distributed.local_rows): the
+  # same samples as the one-process chunk's rows, and nothing of the other clients.
+  exp = train.build(real_config(data_dir))
+  chunks = feeds.make_feed(exp).train_chunks
+  rows = [slice(1, 3) if s.num_total > 2 else slice(0, 1) for s in chunks.specs]
+  mine = real.TrainChunks(chunks.specs, chunks.sources, 2, chunks.size_of, chunks.seed,
+                          chunks.transforms_of, rows=rows)
+  seen = set()
+  for i in range(chunks.offset(1), chunks.offset(2)):
+    full, part = chunks[i], mine[i]
+    g = int(full['group'])
+    seen.add(g)
+    for k in full:
+      if k.startswith('x/') or k == 'mask':
+        np.testing.assert_array_equal(part[k], full[k][rows[g]], err_msg=k)
+      else:
+        np.testing.assert_array_equal(part[k], full[k], err_msg=k)
+  assert seen == set(range(len(chunks.specs)))
+
+
 def test_train_chunks_are_deterministic_and_masked(data_dir):
   exp = train.build(real_config(data_dir))
   chunks = feeds.make_feed(exp).train_chunks

@@ -204,14 +204,21 @@ class TrainChunks:
   raw in canvases of `raw_size_of[dataset]` (default: the largest image of
   the dataset's sources) with 'x/size' and 'x/aug_id' [n, T, B, 2 | 3] for
   `device_augment.augment_chunk`.
+
+  `rows` (one slice per group, default all): the rows of each group's client axis
+  (padding included) that this process feeds; a multi-process run reads only its own
+  devices' clients (`distributed.local_rows`), and 'n' above is the slice's length.
   """
 
   def __init__(self, specs: Sequence[GroupFeedSpec], sources: Sequence[Sequence[Any]],
                num_rounds: int, size_of: dict[str, tuple[int, int]], seed: int,
                transforms_of: dict[str, list], augment: str = 'host',
-               raw_size_of: dict[str, tuple[int, int]] | None = None):
+               raw_size_of: dict[str, tuple[int, int]] | None = None,
+               rows: Sequence[slice] | None = None):
     check_choice('data.augment', augment, AUGMENT_MODES)
     self.specs, self.sources = tuple(specs), [list(s) for s in sources]
+    self.rows = (tuple(rows) if rows is not None
+                 else tuple(slice(0, s.num_total) for s in self.specs))
     self.size_of, self.seed, self.transforms_of = dict(size_of), int(seed), transforms_of
     self.num_rounds, self.augment = int(num_rounds), augment
     self._engine_ts = {d: engine_transforms(ts) for d, ts in transforms_of.items()}
@@ -237,7 +244,8 @@ class TrainChunks:
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     rnd, g, c = self.table[int(i)]
     spec = self.specs[g]
-    n, t_len, b = spec.num_total, spec.chunk_steps, spec.batch_size
+    rows = self.rows[g]
+    n, t_len, b = rows.stop - rows.start, spec.chunk_steps, spec.batch_size
     raw = self.augment == 'device'
     fields = (_raw_fields(spec.keys, self.raw_size_of[spec.dataset]) if raw else
               _fields(spec.keys, self.size_of[spec.dataset]))
@@ -249,6 +257,9 @@ class TrainChunks:
     epoch = rnd * spec.epochs + np.minimum(steps // s_per, spec.epochs - 1)
     ts = self._engine_ts[spec.dataset]
     for j, (cid, count) in enumerate(zip(spec.client_ids, spec.counts)):
+      if not rows.start <= j < rows.stop:
+        continue  # another process's client
+      r = j - rows.start  # its row in this process's chunk
       orders = {}  # local epoch -> this client's order, drawn once per element
       for k, t in enumerate(steps):
         e, s = divmod(int(t), s_per)
@@ -260,13 +271,13 @@ class TrainChunks:
         order = orders[ep]
         for p in range(s * b, (s + 1) * b):
           if raw:  # augmented on device, keyed by the same (seed, client, epoch, position)
-            place_raw(canvas, (j, k, p - s * b), self.sources[g][j][int(order[p])])
-            canvas['aug_id'][j, k, p - s * b] = (cid, ep, p)
+            place_raw(canvas, (r, k, p - s * b), self.sources[g][j][int(order[p])])
+            canvas['aug_id'][r, k, p - s * b] = (cid, ep, p)
             continue
           rng = np.random.default_rng([self.seed, cid, ep, p])
           sample = T.apply_transforms(self.sources[g][j][int(order[p])], ts, rng)
-          place(canvas, (j, k, p - s * b), sample)
-        mask[j, k] = True
+          place(canvas, (r, k, p - s * b), sample)
+        mask[r, k] = True
     return {'group': np.int32(g), 'round': np.int32(rnd), 'mask': mask,
             'epoch': epoch.astype(np.int32), 'step': steps.astype(np.int32),
             **{f'x/{k}': v for k, v in canvas.items()}}
