@@ -183,6 +183,22 @@ def test_unreachable_coordinator_is_one_error_line_after_the_timeout(tmp_path):
   assert not (tmp_path / 'wd').exists()
 
 
+def test_processes_that_never_join_are_one_error_line_after_the_timeout(tmp_path):
+  # Process 0 serves the coordinator; process 1 never starts.
+  r = subprocess.run([sys.executable, '-m', 'fedjax_mtl.main', '--config=configs/hca2.py:smoke',
+                      f'--workdir={tmp_path / "wd"}',
+                      f'--config.distributed.coordinator=127.0.0.1:{_free_port()}',
+                      '--config.distributed.num_processes=2', '--config.distributed.process_id=0',
+                      '--config.distributed.timeout_s=3'],
+                     cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: the 2 processes did not all join '
+                                                 'coordinator 127.0.0.1:'), r.stderr[-2000:]
+  assert 'within 3 s (this is process 0)' in lines[0]
+  assert not (tmp_path / 'wd').exists()
+
+
 def test_processes_with_unequal_device_counts_are_refused(tmp_path):
   procs = _launch([sys.executable, '-m', 'fedjax_mtl.main', '--config=configs/hca2.py:smoke',
                    f'--workdir={tmp_path / "wd"}', '--config.distributed.timeout_s=60'],
