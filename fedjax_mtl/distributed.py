@@ -107,6 +107,11 @@ def initialize(config) -> Settings | None:
   s = settings(config)
   if s is None or _initialized():
     return s
+  from jax._src import xla_bridge
+  if xla_bridge.backends_are_initialized():
+    raise ConfigError(f'the {s.num_processes}-process settings (distributed.*, JAX_* variables) '
+                      'came after JAX started its devices in this process; call '
+                      'fedjax_mtl.distributed.initialize(config) before any JAX computation')
   _TIMEOUT_S[0] = s.timeout_s
   host, _, port = s.coordinator.rpartition(':')
   deadline = time.monotonic() + s.timeout_s

@@ -230,3 +230,13 @@ def test_settings_come_from_the_config_before_the_environment():
   assert distributed.settings(c, environ=env) == distributed.Settings('10.0.0.1:1234', 4, 3, 300.)
   c.distributed.update({'coordinator': 'head:99', 'process_id': 0})
   assert distributed.settings(c, environ=env) == distributed.Settings('head:99', 4, 0, 300.)
+
+
+def test_settings_after_jax_started_are_one_line():
+  import jax.numpy as jnp
+  from conftest import tiny_config
+  jnp.zeros(1).block_until_ready()  # this test process's backends exist
+  c = tiny_config('hca2')
+  c.distributed.update({'coordinator': '127.0.0.1:1', 'num_processes': 2, 'process_id': 1})
+  with pytest.raises(ConfigError, match='came after JAX started its devices'):
+    distributed.initialize(c)
