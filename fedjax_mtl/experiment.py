@@ -9,6 +9,7 @@ one process (a notebook, a resumed run, tests) reuses its compiled functions.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -201,9 +202,7 @@ def check_processes(n_dev: int, devices) -> None:
   n_proc = jax.process_count()
   if n_proc == 1:
     return
-  per = {}
-  for d in devices:
-    per[d.process_index] = per.get(d.process_index, 0) + 1
+  per = collections.Counter(d.process_index for d in devices)
   if len(set(per.values())) > 1:
     raise ConfigError(f'the {n_proc} processes have unequal device counts '
                       f'({", ".join(f"process {p}: {k}" for p, k in sorted(per.items()))}); '

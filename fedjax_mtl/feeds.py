@@ -195,8 +195,7 @@ class StreamedFeed:
     jobs = []
     if jax.process_count() > 1:
       params = [gs.params for gs in state.groups]
-      metrics = [_with_sharding(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                             _zero_accs(g, g.num_total)), exp.client_sharding)
+      metrics = [_with_sharding(_zero_accs(g, g.num_total), exp.client_sharding)
                  for g in exp.fed.groups]
       jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), params,
                                               rounds.abstract_round_start(exp, params), metrics)))

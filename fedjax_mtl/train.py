@@ -226,18 +226,16 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   os.makedirs(workdir, exist_ok=True)  # the first write
   if ckpt is None:
     ckpt = Checkpointer(ckpt_dir)
-  if not primary:
-    pass  # process 0 writes the run's files
-  elif start:
-    report.truncate_jsonl(metrics_path, start)
-    if os.path.exists(timing_path):
-      report.truncate_jsonl(timing_path, start)
-  else:
-    # A fresh start: rows left by an attempt that never reached a checkpoint go.
-    report.atomic_write(metrics_path, '')
-    report.atomic_write(timing_path, '')
-    report.append_jsonl(metrics_path, [_meta_row(exp)])
-  if primary:
+  if primary:  # process 0 writes the run's files
+    if start:
+      report.truncate_jsonl(metrics_path, start)
+      if os.path.exists(timing_path):
+        report.truncate_jsonl(timing_path, start)
+    else:
+      # A fresh start: rows left by an attempt that never reached a checkpoint go.
+      report.atomic_write(metrics_path, '')
+      report.atomic_write(timing_path, '')
+      report.append_jsonl(metrics_path, [_meta_row(exp)])
     report.append_jsonl(timing_path, [{'round': start, 'compile_s': compile_s}])
     report.atomic_write(os.path.join(workdir, 'config.json'),
                         config.to_json_best_effort(indent=2))
@@ -293,11 +291,10 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
                         f'{f"round {newest}" if newest else "none"}); lower optim.lr '
                         'or check the data')
   distributed.barrier('metrics written')  # process 0's rows are on disk
-  final = [r for r in report.read_jsonl(metrics_path) if r['type'] == 'eval'
-           and r['round'] == total]
+  all_rows = report.read_jsonl(metrics_path)
+  final = [r for r in all_rows if r['type'] == 'eval' and r['round'] == total]
   if not primary:
     return {'state': state, 'eval': final, 'interrupted': False}
-  all_rows = report.read_jsonl(metrics_path)
   report.plot_metric_curves(all_rows, workdir)
   report.plot_hyperweights(all_rows, workdir)
   ref_dir = config.get('delta_m_reference', '')
