@@ -317,10 +317,32 @@ def finalize_group(alg: Algorithm, gstate: GroupState, start: PyTree,
   return gstate.replace(client=cstate), upload
 
 
-def _client_keys(key: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
-  """Per-client dropout key streams of a group's round key."""
-  keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(num))
+def _client_keys(key: jax.Array, num: int | jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per-client dropout key streams of a group's round key: of rows `0..num-1`, or of
+  the group rows in the array `num` (one client trained alone, `GroupRows`)."""
+  rows = jnp.arange(num) if isinstance(num, int) else num
+  keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(rows)
   return keys, jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+
+
+class GroupRows(NamedTuple):
+  """Which rows of a group a trainer trains, and their static inputs as arrays: the
+  whole group in the engine; one client's row where that client trains alone
+  (`fedjax_mtl.flower`: same keys, batches and lr as its row in the engine)."""
+  ids: jax.Array  # [n] int32 rows within the group (the per-client key streams)
+  index_table: jax.Array  # [n, max_n] train indices
+  counts: jax.Array  # [n] train images per client
+  task_ids: jax.Array  # [n, slots]
+
+
+def group_rows(group: GroupSpec, rows: tuple[int, ...] | None = None) -> GroupRows:
+  """`GroupRows` of `rows` of `group` (default: all of them)."""
+  rows = tuple(range(group.num_total)) if rows is None else tuple(rows)
+  sel = list(rows)
+  return GroupRows(ids=jnp.asarray(rows, jnp.int32),
+                   index_table=jnp.asarray(group.index_table[sel]),
+                   counts=jnp.asarray(group.counts[sel]),
+                   task_ids=jnp.asarray(group.task_ids[sel]))
 
 
 def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
@@ -336,11 +358,11 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   shared by every client (`rounds.round_start`). The returned params
   are the clients' trained params; `metrics` has per-client 'loss' [n, slots],
   'steps' [n], and 'first_loss' / 'last_loss' [n] (`edge_losses`).
+  `train.rows(gstate, data, round, key, rows)` trains the `GroupRows` `rows` of
+  the group alone (`gstate` holding those rows; each client starts from its own
+  params), as the engine trains them among the others.
   """
   epochs = group.local_epochs
-  index_table = jnp.asarray(group.index_table)
-  counts = jnp.asarray(group.counts)
-  task_ids = jnp.asarray(group.task_ids)
   used = ('image',) + group.tasks_used
 
   def train_client(cs, start, tids, idx, mask, lrs, data, key, round_idx):
@@ -350,26 +372,29 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     cs, loss_sum, totals = scan(cs, start, tids, (idx, mask, lrs, steps), key, round_idx)
     return cs, (loss_sum / jnp.maximum(jnp.sum(mask), 1), *edge_losses(totals, mask))
 
-  def train(gstate: GroupState, data, round_idx, key, start=None):
-    if start is None:
-      start, axes = gstate.params, 0
-    else:
-      axes = start_axes
-    keys, step_keys = _client_keys(key, group.num_total)
+  def train_rows(gstate, data, round_idx, key, start, axes, rows: GroupRows):
+    keys, step_keys = _client_keys(key, rows.ids)
     plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
     idx, mask = jax.vmap(lambda r, c, k: client_plan(r, c, k, epochs, batch_size))(
-        index_table, counts, plan_keys)
+        rows.index_table, rows.counts, plan_keys)
     steps_per_epoch = idx.shape[1] // epochs
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
     lrs = step_lrs(epoch_of_step, round_idx, optim_cfg, total_rounds * epochs)
     gstate = gstate.replace(opt_state=fresh_opt_state(tx, optim_cfg, gstate.opt_state,
                                                       gstate.params))
     gstate, loss = jax.vmap(train_client, in_axes=(0, axes, 0, 0, 0, None, None, 0, None))(
-        gstate, start, task_ids, idx, mask, lrs, data, step_keys, round_idx)
+        gstate, start, rows.task_ids, idx, mask, lrs, data, step_keys, round_idx)
     loss, first, last = loss
     return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1), 'first_loss': first,
                     'last_loss': last}
 
+  def train(gstate: GroupState, data, round_idx, key, start=None):
+    if start is None:
+      return train_rows(gstate, data, round_idx, key, gstate.params, 0, group_rows(group))
+    return train_rows(gstate, data, round_idx, key, start, start_axes, group_rows(group))
+
+  train.rows = lambda gstate, data, round_idx, key, rows: train_rows(
+      gstate, data, round_idx, key, gstate.params, 0, rows)
   return train
 
 

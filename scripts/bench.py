@@ -25,6 +25,8 @@ and the vmapped group step against a Python loop over the same clients.
     python scripts/bench.py --only=scan_conv      # conv steps in one lax.scan vs one call each
     python scripts/bench.py --only=multihost      # 2 processes x 2 CPU devices vs 1 x 4: round
                                                   # time and the collectives of a round
+    python scripts/bench.py --only=flower         # the smoke round in Flower's simulation engine
+                                                  # vs the engine's, and where its time goes
 
 All ratios compare measurements from one run in one process. Timings are taken
 after compilation, with `block_until_ready` only at the end of each timed call.
@@ -1159,6 +1161,48 @@ def bench_multihost(rounds: int = 5, algorithm: str = 'hca2') -> dict:
   return out
 
 
+def bench_flower(rounds: int = 7, algorithm: str = 'hca2', workers: int | None = None) -> dict:
+  """The smoke config for `rounds` rounds in the engine (one process, every client
+  group one jitted call) and in Flower's simulation engine (`fedjax_mtl.flower`: one
+  ClientApp call per client in `workers` Ray workers, the server rule jitted in this
+  process): median round time of rounds 2..rounds-1 (no evaluation), and where the
+  Flower round's time goes: building the messages, waiting for the clients (their
+  decode + local round, and Flower's transport), aggregating (decoding the uploads and
+  the rule); the clients' own seconds; the array bytes each way."""
+  import tempfile
+  from fedjax_mtl.flower import simulate
+  workers = workers or os.cpu_count() or 1
+  cfg = algorithm_config(algorithm, 'smoke')
+  # Neither run evaluates or checkpoints in the timed rounds (a Flower run keeps no
+  # checkpoints; its evaluation is a separate message round).
+  cfg.num_rounds, cfg.eval_every, cfg.checkpoint_every, cfg.progress = rounds, rounds, rounds, False
+  steady = lambda rows: [r for r in rows if 1 < r['round'] < rounds]
+  out = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    train.train_and_evaluate(cfg, os.path.join(tmp, 'engine'))
+    with open(os.path.join(tmp, 'engine', 'timing.jsonl')) as f:
+      rows = [json.loads(line) for line in f]
+    out['engine_round_s'] = float(np.median([r['seconds'] for r in steady(
+        [r for r in rows if 'seconds' in r])]))
+    strategy = simulate.simulate(cfg, os.path.join(tmp, 'flower'), num_workers=workers)
+  t = steady(strategy.timing)
+  med = lambda k: float(np.median([r[k] for r in t]))
+  out['flower_round_s'] = med('messages') + med('clients') + med('aggregate')
+  out['round_time_ratio'] = out['flower_round_s'] / out['engine_round_s']
+  out['flower_messages_s'] = med('messages')
+  out['flower_wait_for_clients_s'] = med('clients')
+  out['flower_aggregate_s'] = med('aggregate')
+  out['client_local_round_s'] = float(np.median([x for r in t for x in r['client_train']]))
+  out['client_seconds_per_worker'] = float(np.median([sum(r['client_train']) for r in t])) / \
+      min(workers, strategy.exp.fed.num_clients)
+  out['transport_and_scheduling_s'] = med('clients') - out['client_seconds_per_worker']
+  out['mb_down'] = med('bytes_down') / 1e6
+  out['mb_up'] = med('bytes_up') / 1e6
+  out['workers'] = workers
+  out['clients'] = strategy.exp.fed.num_clients
+  return out
+
+
 def round_collectives(algorithm: str = 'hca2') -> dict:
   """The cross-device collectives in the compiled programs of one smoke round on every
   visible device (4 in `bench_multihost`): per program, their count and result bytes;
@@ -1218,7 +1262,7 @@ def main(argv=None):
                           'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                           'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
                           'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost',
-                          'all'],
+                          'flower', 'all'],
                  help='one benchmark (see the list above); all = engine, pipeline, hca2 and '
                       'swin (default: %(default)s)')
   p.add_argument('--algorithms', default=','.join(ALGORITHMS),
@@ -1317,6 +1361,8 @@ def main(argv=None):
     results['ntk_alpha'] = bench_steps.bench_ntk_alpha(a.repeats)
   if a.only == 'multihost':  # not in 'all': five runs of the smoke config in subprocesses
     results['multihost'] = bench_multihost()
+  if a.only == 'flower':  # not in 'all': needs the flower extra; starts Ray
+    results['flower'] = bench_flower()
   if a.only in ('gpu', 'ntk_step'):  # not in 'all': paper-size steps are for accelerators
     import bench_steps
     log = _jsonl_log(a.json)
@@ -1331,7 +1377,8 @@ def main(argv=None):
   for part in ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
                'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine',
                'memory', 'unified_memory', 'many_memory', 'vit_lora', 'matu_server',
-               'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost'):
+               'matu_client', 'gpu', 'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost',
+               'flower'):
     for k, v in results.get(part, {}).items():
       print(f'{part}.{k:24s} {v:.3f}' if isinstance(v, float) else f'{part}.{k:24s} {v}')
   if a.json:

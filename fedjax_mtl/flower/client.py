@@ -1,0 +1,249 @@
+"""The Flower `ClientApp`: one client of the run's federation, trained by this
+package's jitted local trainer on the client's own data.
+
+The client is the engine's client `partition-id` (Flower's node config). Its
+state (params, batch-norm statistics, optimizer and client-part state, a
+personal model) stays on the node between rounds (`Context.state`); each round
+it receives its rows of the shared roles and of the server's per-row state,
+trains exactly as its row of the engine's client group would (same batches,
+dropout keys and learning rates: `local.GroupRows`), runs the algorithm's client
+finalize and uploads its rows of the shared roles with its step count and
+first/last losses. Evaluation scores its model on its test split.
+
+Messages: `query` answers the server's handshake (refusing a config that differs
+from the server's, naming the fields), `train` and `evaluate` as above.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedjax_mtl import evaluate, feeds, local, rounds
+from fedjax_mtl.algorithms.base import merge_view, role_view
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.experiment import init_state
+from fedjax_mtl.flower import codec, runtime
+from fedjax_mtl.state import FedState, GroupState
+
+PyTree = Any
+STATE_KEY = 'fedjax_mtl.client_state'
+
+
+class ClientRuntime:
+  """What one process needs to act as any client of the run: the experiment, the
+  data, the round-0 state and the jitted programs (compiled once per client
+  group, shared by every client of that group)."""
+
+  def __init__(self, config):
+    self.config = config
+    self.exp = exp = runtime.build(config)
+    self.train_data, self.test_data = feeds.device_data(exp)
+    self.init = init_state(exp)
+    self._train: dict[int, Any] = {}
+    self._eval: dict[int, Any] = {}
+
+  def locate(self, client: int) -> tuple[int, int]:
+    """(group, row in the group) of engine client `client`."""
+    for g, spec in enumerate(self.exp.fed.groups):
+      if client in spec.client_ids:
+        return g, spec.client_ids.index(client)
+    raise ConfigError(f'partition-id {client} is not a client of this federation '
+                      f'(clients 0..{self.exp.fed.num_clients - 1})')
+
+  def initial_state(self, client: int) -> GroupState:
+    """The client's round-0 `GroupState` (one row), on the host like the state kept
+    between rounds (one compiled program for both)."""
+    g, j = self.locate(client)
+    return jax.device_get(jax.tree.map(lambda x: x[j:j + 1], self.init.groups[g]))
+
+  def train_program(self, g: int):
+    """Jitted `(state, data, round, rng, rows) -> (state, uploads, metrics)` of group g:
+    the client's local round (`local.make_group_trainer(...).rows`) and the client
+    part's finalize against the params it started from."""
+    if g not in self._train:
+      exp, cfg = self.exp, self.config
+      spec = exp.fed.groups[g]
+      trainer = local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
+                                         cfg.batch_size, cfg.num_rounds, exp.algorithm,
+                                         exp.labels[g])
+
+      def run(cs, data, rnd, rng, rows):
+        key = rounds.group_key(FedState(round=rnd, rng=rng, groups=[]), g)
+        trained, metrics = trainer.rows(cs, data, rnd, key, rows)
+        trained, uploads = local.finalize_group(exp.algorithm, trained, cs.params)
+        return trained, uploads, metrics
+
+      self._train[g] = jax.jit(run)
+    return self._train[g]
+
+  def eval_program(self, g: int, client: int):
+    """Jitted `(state, test batches) -> (stats, edge probabilities)` of the client."""
+    key = (g, client)
+    if key not in self._eval:
+      spec = one_client_spec(self.exp.fed.groups[g], client)
+      ev = evaluate.make_group_evaluator(
+          spec, self.exp.models_eval[g], edge_probs=bool(self.config.get('eval_edge_ods', True)),
+          sal_metric=self.config.get('sal_metric', 'maxF'))
+      self._eval[key] = (spec, jax.jit(
+          lambda gs, b: ev(*rounds.eval_variables(self.exp, gs), b)))
+    return self._eval[key]
+
+  def train(self, client: int, cs: GroupState, rnd: int) -> tuple[GroupState, dict, dict]:
+    """Round `rnd` (1-based) of `client` from its state `cs` (the server's rows
+    merged in): (trained state, uploads per shared role, metrics)."""
+    g, j = self.locate(client)
+    spec = self.exp.fed.groups[g]
+    fn = self.train_program(g)
+    trained, uploads, metrics = fn(cs, self.train_data[spec.dataset]['train'],
+                                   jnp.int32(rnd - 1), self.init.rng, local.group_rows(spec, (j,)))
+    labels = self.exp.labels[g]
+    pieces = {r: codec.client_piece(role_view(uploads, labels, r), r)
+              for r in self.exp.algorithm.shared_roles}
+    return trained, pieces, metrics
+
+  def evaluate(self, client: int, cs: GroupState) -> list[dict]:
+    """Metric rows (client, dataset, task, metric, value) of the client's model."""
+    g, _ = self.locate(client)
+    spec, fn = self.eval_program(g, client)
+    stats, probs = jax.device_get(fn(cs, self.test_data[spec.dataset]))
+    rows = evaluate.finalize_group(spec, stats, self.exp.fed.clients)
+    if probs is not None and evaluate.edge_holders(spec):
+      scores = evaluate.EdgeScores(spec, self.exp.fed.clients)
+      gt = self.exp.data[spec.dataset]['test']['edge']
+      b = self.config.eval_batch_size
+      for i, lo in enumerate(range(0, len(gt), b)):
+        scores.update(probs[i][:, :len(gt[lo:lo + b])], gt[lo:lo + b])
+      by_client = {r['client']: r for r in scores.rows()}
+      rows = [by_client.get(r['client'], r) if r['task'] == 'edge' else r for r in rows]
+    return rows
+
+
+def one_client_spec(spec, client: int):
+  """`spec` reduced to engine client `client`'s row (no padding)."""
+  import dataclasses
+  j = spec.client_ids.index(client)
+  return dataclasses.replace(spec, client_ids=(client,), num_pad=0,
+                             task_ids=spec.task_ids[j:j + 1],
+                             index_table=spec.index_table[j:j + 1], counts=spec.counts[j:j + 1])
+
+
+_RUNTIMES: dict[str, ClientRuntime] = {}
+
+
+def client_runtime(config) -> ClientRuntime:
+  """The process's `ClientRuntime` of `config` (built once; a simulation's worker
+  serves many clients, one after the other)."""
+  key = codec.shared_fields(config)
+  if key not in _RUNTIMES:
+    _RUNTIMES.clear()
+    _RUNTIMES[key] = ClientRuntime(config)
+  return _RUNTIMES[key]
+
+
+def partition_id(context: Context) -> int:
+  """This node's client: `partition-id` of the node config (a simulation sets it;
+  a deployed SuperNode gets it with `--node-config "partition-id=3"`)."""
+  if 'partition-id' not in context.node_config:
+    raise ConfigError('the node config has no partition-id: start the SuperNode with '
+                      '--node-config "partition-id=<client index>"')
+  return int(context.node_config['partition-id'])
+
+
+def _stored_state(rt: ClientRuntime, client: int, context: Context) -> GroupState:
+  like = rt.initial_state(client)
+  if STATE_KEY not in context.state:
+    return like
+  kept = codec.from_record(context.state[STATE_KEY], like.replace(server_rows=()))
+  return kept.replace(server_rows=like.server_rows)
+
+
+def _with_server_rows(rt: ClientRuntime, client: int, cs: GroupState, msg: Message) -> GroupState:
+  """`cs` with the server's rows of the shared roles and of its per-row state."""
+  g, _ = rt.locate(client)
+  labels = rt.exp.labels[g]
+  params = cs.params
+  roles = rt.exp.algorithm.shared_roles
+  like = {r: codec.client_piece(role_view(params, labels, r), r) for r in roles}
+  sent = codec.from_record(msg.content['params'], like)
+  for r in roles:
+    params = merge_view(params, codec.group_piece(sent[r], r))
+  server_rows = cs.server_rows
+  if jax.tree.leaves(server_rows):
+    like_rows = {r: codec.client_piece(v, r) for r, v in server_rows.items()}
+    got = codec.from_record(msg.content['server_rows'], like_rows)
+    server_rows = {r: codec.group_piece(v, r) for r, v in got.items()}
+  return cs.replace(params=params, server_rows=server_rows)
+
+
+def make_client_app(config=None) -> ClientApp:
+  """A `ClientApp` acting as engine client `partition-id` of the run `config`
+  describes; without `config`, the node reads it from its run config
+  (`config='configs/hca2.py:smoke'`, optional `overrides` = JSON of dotted fields)."""
+  app = ClientApp()
+
+  def config_of(context: Context):
+    if config is not None:
+      return config
+    from fedjax_mtl.flower import server
+    return server.config_from_run(context.run_config)
+
+  @app.query()
+  def query(msg: Message, context: Context) -> Message:
+    cfg = config_of(context)
+    client = partition_id(context)
+    diffs = codec.differing_fields(cfg, msg.content['config']['fields'])
+    if diffs:
+      raise ConfigError(f'client {client}: its config differs from the server\'s in '
+                        f'{", ".join(diffs)}')
+    rt = client_runtime(cfg)
+    rt.locate(client)
+    return Message(RecordDict({'client': ConfigRecord({'client': client})}), reply_to=msg)
+
+  @app.train()
+  def train(msg: Message, context: Context) -> Message:
+    cfg = config_of(context)
+    rt = client_runtime(cfg)
+    client = partition_id(context)
+    rnd = int(msg.content['config']['server-round'])
+    t0 = time.perf_counter()
+    cs = _with_server_rows(rt, client, _stored_state(rt, client, context), msg)
+    trained, pieces, m = rt.train(client, cs, rnd)
+    context.state[STATE_KEY] = codec.to_record(jax.device_get(trained.replace(server_rows=())))
+    m = jax.device_get(m)
+    seconds = time.perf_counter() - t0  # the server's rows decoded, the local round
+    spec = rt.exp.fed.groups[rt.locate(client)[0]]
+    metrics = MetricRecord({
+        'num-examples': int(rt.exp.fed.clients[client].num_train),
+        'steps': int(m['steps'][0]), 'first_loss': float(m['first_loss'][0]),
+        'last_loss': float(m['last_loss'][0]), 'train_seconds': seconds,
+        'loss': [float(x) for x in np.asarray(m['loss'][0])][:spec.num_slots]})
+    content = RecordDict({'upload': codec.to_record(jax.device_get(pieces)),
+                          'metrics': metrics,
+                          'client': ConfigRecord({'client': client})})
+    return Message(content, reply_to=msg)
+
+  @app.evaluate()
+  def evaluate_(msg: Message, context: Context) -> Message:
+    cfg = config_of(context)
+    rt = client_runtime(cfg)
+    client = partition_id(context)
+    cs = _with_server_rows(rt, client, _stored_state(rt, client, context), msg)
+    rows = rt.evaluate(client, cs)
+    content = RecordDict({'eval': ConfigRecord({'rows': json.dumps(rows)}),
+                          'client': ConfigRecord({'client': client})})
+    return Message(content, reply_to=msg)
+
+  return app
+
+
+# What a deployment loads (`fedjax_mtl.flower.client:app`): the config comes from
+# the run config.
+app = make_client_app()

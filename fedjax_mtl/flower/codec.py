@@ -1,0 +1,100 @@
+"""What travels in Flower messages: pytrees as `ArrayRecord`s, one client's rows of
+the stacked role views, and the config fields two parties compare.
+
+A client's rows of a role's stacked view (`experiment.views`: encoders and heads
+one row per client, decoders one row per task decoder) are the same rows the
+engine gathers from its client group: `client_piece` cuts them out of a one-client
+group tree, `row_slice` finds them in the stacked view.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from fedjax_mtl import experiment
+from fedjax_mtl.federation import Federation
+
+PyTree = Any
+
+# Fields that may differ between the server and a client: where each keeps its data
+# and caches, and how many devices each trains on (one client's rows train alike on
+# any number of devices).
+LOCAL_FIELDS = ('num_devices', 'data.data_dir', 'data.cache_dir', 'data.workers',
+                'data.threads', 'progress', 'tensorboard')
+
+
+def to_record(tree: PyTree) -> ArrayRecord:
+  """`tree`'s leaves as an `ArrayRecord`, keyed by their paths."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return ArrayRecord(array_dict={jax.tree_util.keystr(p): Array(np.asarray(x))
+                                 for p, x in leaves})
+
+
+def from_record(record: ArrayRecord, like: PyTree) -> PyTree:
+  """`to_record`'s inverse: the tree of `like`'s structure and dtypes, leaves read
+  from `record`. KeyError naming the first missing path."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(like)
+  out = []
+  for p, x in leaves:
+    key = jax.tree_util.keystr(p)
+    if key not in record:
+      raise KeyError(f'the message has no array {key!r}')
+    value = record[key].numpy()
+    if value.shape != tuple(np.shape(x)):
+      raise ValueError(f'array {key!r} has shape {value.shape}, expected {np.shape(x)}')
+    out.append(value.astype(np.dtype(x.dtype)))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def row_slice(fed: Federation, role: str, client: int) -> slice:
+  """Rows of `client` in `role`'s stacked view (its decoders: consecutive rows)."""
+  if role != 'decoder':
+    return slice(client, client + 1)
+  rows = [k for k, c in enumerate(fed.decoder_client) if c == client]
+  return slice(rows[0], rows[-1] + 1)
+
+
+def client_piece(tree: PyTree, role: str) -> PyTree:
+  """A one-client group tree of `role` (leading axis 1; decoders `[1, slots, ...]`)
+  as its rows of the stacked view."""
+  if role != 'decoder':
+    return tree
+  return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
+
+
+def group_piece(rows: PyTree, role: str) -> PyTree:
+  """`client_piece`'s inverse."""
+  if role != 'decoder':
+    return rows
+  return jax.tree.map(lambda x: x.reshape((1,) + x.shape), rows)
+
+
+def _flat(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def shared_fields(config) -> str:
+  """The config fields server and clients must agree on, as JSON (what the server
+  sends at the handshake): every run field except `LOCAL_FIELDS`."""
+  flat = _flat(experiment.run_fields(config))
+  keep = {k: v for k, v in flat.items()
+          if not any(k == f or k.startswith(f + '.') for f in LOCAL_FIELDS)}
+  return json.dumps(keep, sort_keys=True)
+
+
+def differing_fields(config, server_fields: str) -> list[str]:
+  """Dotted config fields in which `config` differs from the server's
+  (`shared_fields`), sorted; [] when they agree."""
+  mine, theirs = json.loads(shared_fields(config)), json.loads(server_fields)
+  return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))

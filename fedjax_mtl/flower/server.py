@@ -1,0 +1,344 @@
+"""The Flower `ServerApp`: a `Strategy` that runs this package's server rules.
+
+`EngineStrategy` keeps what the engine's server keeps: every shared role's
+stacked rows (encoders and heads one row per client, decoders one row per task
+decoder; personalised rules such as FedHCA2 give every client its own rows),
+the rule's replicated state (FedHCA2's α/β and their optimizer) and its
+per-row state (`ServerState.rows`). Each round it sends every client its rows,
+gathers the clients' uploads in client order and calls the algorithm's server
+part, jitted, on them: the same `ServerInputs` the engine's round builds (the
+rows the clients started from, their uploads, example and step counts,
+first/last losses), in the same row blocks.
+
+Before the first round a handshake (`query` messages) maps Flower nodes to the
+federation's clients (`partition-id`) and has every client compare its config
+with the server's: a client whose config differs refuses, naming the fields,
+and the run stops with that line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from logging import INFO
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
+
+from fedjax_mtl import federation, report
+from fedjax_mtl.algorithms.base import ServerInputs, ServerState, stack, unstack
+from fedjax_mtl.errors import ConfigError, DivergedError
+from fedjax_mtl.experiment import init_state, views
+from fedjax_mtl.flower import codec, runtime
+
+PyTree = Any
+
+
+def config_from_run(run_config) -> Any:
+  """The run's config from a Flower run config: `config` = `configs/x.py[:arg]`
+  and optionally `overrides` = a JSON object of dotted fields
+  (`'{"num_rounds": 2, "optim.lr": 0.001}'`)."""
+  from fedjax_mtl import config_doc
+  if 'config' not in run_config:
+    raise ConfigError("the Flower run config has no 'config' (e.g. config='configs/hca2.py:smoke')")
+  config = config_doc.load_config(str(run_config['config']))
+  for key, value in json.loads(str(run_config.get('overrides', '{}'))).items():
+    node, last = config_doc.field_parent(config, key)
+    node[last] = tuple(value) if isinstance(node[last], tuple) else value
+  return config
+
+
+def _nbytes(msg: Message) -> int:
+  """Bytes of the arrays a message carries."""
+  return sum(len(a.data) for rec in msg.content.array_records.values() for a in rec.values())
+
+
+def _reason(text: str) -> str:
+  """The message of the exception a ClientApp raised, from the error reason Flower
+  reports (a remote traceback in simulation, "<class '...'>:<'message'>" elsewhere)."""
+  text = re.sub(r'\x1b\[[0-9;]*m', '', text)
+  raised = re.findall(r'^[\w.]+(?:Error|Exception): (.+)$', text, re.M)
+  raised = [r for r in raised if r.strip()]
+  if raised:
+    return raised[0].strip()
+  if ":<'" in text:
+    return text.split(":<'", 1)[1].rstrip("'>")
+  lines = [line for line in text.splitlines() if line.strip()]
+  return lines[-1].strip() if lines else text
+
+
+def _reply_errors(replies: list[Message], clients: dict[int, int] | None) -> list[str]:
+  """One line per failed reply: its reason, after the client (`clients`: node ->
+  client) or the node it came from (None: the reason names its client)."""
+  out = []
+  for m in replies:
+    if m.has_error():
+      node = m.metadata.src_node_id
+      reason = _reason(m.error.reason)
+      if clients is not None:
+        reason = (f'client {clients[node]}' if node in clients else f'node {node}') + ': ' + reason
+      out.append(reason)
+  return out
+
+
+class EngineStrategy(Strategy):
+  """A Flower strategy running `config`'s algorithm (its server part, jitted) over
+  the federation's clients, one Flower node per client."""
+
+  def __init__(self, config, timeout: float = 3600.0):
+    self.config = config
+    self.exp = exp = runtime.build(config)
+    self.timeout = timeout
+    fed, alg = exp.fed, exp.algorithm
+    state = init_state(exp)
+    params = [gs.params for gs in state.groups]
+    self.views = jax.device_get({r: views(exp, params, r) for r in alg.shared_roles})
+    first = state.groups[0].server_rows
+    self.rows = jax.device_get({
+        r: federation.gather_rows([gs.server_rows[r] for gs in state.groups], fed, r)
+        for r in (first.keys() if first else ())})
+    self.shared = state.server
+    self.nodes: dict[int, int] = {}  # client -> node id
+    self.records: list[dict] = []  # metrics.jsonl rows, as the engine writes them
+    self._apply = jax.jit(self._server_apply)
+    # Per round: seconds building the messages, waiting for the clients (their
+    # training and Flower's transport), aggregating (decoding the uploads, the rule),
+    # each client's own decode + local round; array bytes sent and received.
+    self.timing: list[dict] = []
+
+  # -- the rule -----------------------------------------------------------------
+
+  def _server_apply(self, shared, rows, prev, local, steps, first, last, rnd):
+    """The algorithm's server part on stacked rows, in the engine's row blocks."""
+    exp = self.exp
+    fed, alg = exp.fed, exp.algorithm
+    if alg.server.blocks:
+      wrap = lambda v, r: unstack(v, federation.block_sizes(fed, r))
+    else:
+      wrap = lambda v, r: v
+    inputs = ServerInputs(
+        prev={r: wrap(v, r) for r, v in prev.items()},
+        local={r: wrap(v, r) for r, v in local.items()},
+        num_examples=jnp.asarray(fed.num_examples), num_steps=steps,
+        client_ids=jnp.arange(fed.num_clients, dtype=jnp.int32), round=rnd,
+        first_loss=first, last_loss=last)
+    new, sstate, logs = alg.server.apply(
+        ServerState(shared, {r: wrap(v, r) for r, v in rows.items()}), inputs)
+    new_rows = {r: stack(v) if jax.tree.leaves(v) else rows[r] for r, v in sstate.rows.items()}
+    return {r: stack(v) for r, v in new.items()}, sstate.shared, new_rows, logs
+
+  # -- messages -----------------------------------------------------------------
+
+  def _client_content(self, client: int, rnd: int) -> RecordDict:
+    fed = self.exp.fed
+    cut = lambda tree, r: jax.tree.map(lambda x: x[codec.row_slice(fed, r, client)], tree)
+    content = {'params': codec.to_record({r: cut(v, r) for r, v in self.views.items()}),
+               'config': ConfigRecord({'server-round': rnd})}
+    if jax.tree.leaves(self.rows):
+      content['server_rows'] = codec.to_record({r: cut(v, r) for r, v in self.rows.items()})
+    return RecordDict(content)
+
+  def _messages(self, rnd: int, kind: str) -> list[Message]:
+    return [Message(content=self._client_content(c, rnd), message_type=kind, dst_node_id=n)
+            for c, n in sorted(self.nodes.items())]
+
+  def _replies(self, replies: Iterable[Message], what: str) -> dict[int, Message]:
+    """Replies by client; ConfigError naming every failed or missing client."""
+    replies = list(replies)
+    by_node = {n: c for c, n in self.nodes.items()}
+    errors = _reply_errors(replies, by_node)
+    got = {by_node[m.metadata.src_node_id]: m for m in replies if not m.has_error()}
+    missing = sorted(set(self.nodes) - set(got) - {by_node.get(m.metadata.src_node_id)
+                                                   for m in replies})
+    if missing:
+      errors.append(f'no reply within {self.timeout:.0f} s from client(s) '
+                    f'{", ".join(map(str, missing))}')
+    if errors:
+      raise ConfigError(f'{what} failed: ' + '; '.join(errors))
+    return got
+
+  def handshake(self, grid: Grid) -> None:
+    """Map nodes to clients and have every client check its config against ours."""
+    import time
+    n = self.exp.fed.num_clients
+    deadline = time.time() + self.timeout
+    while len(nodes := list(grid.get_node_ids())) < n:
+      if time.time() > deadline:
+        raise ConfigError(f'the run has {n} clients but only {len(nodes)} Flower nodes '
+                          f'connected within {self.timeout:.0f} s')
+      time.sleep(1)
+    if len(nodes) > n:
+      raise ConfigError(f'the run has {n} clients but {len(nodes)} Flower nodes are connected; '
+                        'start one SuperNode per client')
+    fields = codec.shared_fields(self.config)
+    msgs = [Message(content=RecordDict({'config': ConfigRecord({'fields': fields})}),
+                    message_type=MessageType.QUERY, dst_node_id=node) for node in nodes]
+    replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
+    errors = _reply_errors(replies, None)
+    if errors:
+      raise ConfigError('clients refused the run: ' + '; '.join(errors))
+    clients = {int(m.content['client']['client']): m.metadata.src_node_id for m in replies}
+    if sorted(clients) != list(range(n)):
+      raise ConfigError(f'the nodes hold partition-ids {sorted(clients)}; the run needs each '
+                        f'of 0..{n - 1} exactly once')
+    self.nodes = clients
+
+  # -- Strategy -----------------------------------------------------------------
+
+  def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None,
+            num_rounds: int | None = None, timeout: float | None = None,
+            train_config: ConfigRecord | None = None,
+            evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
+    """The handshake, then Flower's round loop for `config.num_rounds` rounds (the
+    server's rows are the strategy's own; `initial_arrays` is not used)."""
+    if timeout is not None:
+      self.timeout = timeout
+    self.handshake(grid)
+    self.records = [{'round': 0, 'type': 'meta',
+                     'clients': [c.name for c in self.exp.fed.clients],
+                     'decoders': list(self.exp.fed.decoder_names)}]
+    return super().start(grid, initial_arrays or ArrayRecord(),
+                         num_rounds or self.config.num_rounds, self.timeout, train_config,
+                         evaluate_config, evaluate_fn)
+
+  def summary(self) -> None:
+    fed = self.exp.fed
+    log(INFO, '\t├── fedjax_mtl %s over %d clients (%d task decoders), rows of %s',
+        self.config.algorithm, fed.num_clients, fed.num_decoders,
+        ', '.join(self.exp.algorithm.shared_roles))
+
+  def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                      grid: Grid) -> Iterable[Message]:
+    import time
+    t0 = time.perf_counter()
+    msgs = self._messages(server_round, MessageType.TRAIN)
+    self._sent = (t0, time.perf_counter(), sum(_nbytes(m) for m in msgs))
+    return msgs
+
+  def aggregate_train(self, server_round: int,
+                      replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    import time
+    t_recv = time.perf_counter()
+    got = self._replies(replies, f'round {server_round}')
+    fed, exp = self.exp.fed, self.exp
+    cut = lambda tree, r, c: jax.tree.map(lambda x: x[codec.row_slice(fed, r, c)], tree)
+    uploads = []
+    for c in range(fed.num_clients):
+      like = {r: cut(v, r, c) for r, v in self.views.items()}
+      up = codec.from_record(got[c].content['upload'], like)
+      if not all(np.all(np.isfinite(x)) for x in jax.tree.leaves(up)
+                 if np.issubdtype(x.dtype, np.inexact)):
+        client = fed.clients[c]
+        raise DivergedError(f'round {server_round}: non-finite upload of client '
+                            f'{client.name} ({", ".join(client.tasks)})')
+      uploads.append(up)
+    local = {r: jax.tree.map(lambda *xs: np.concatenate(xs, 0), *[u[r] for u in uploads])
+             for r in self.views}
+    metric = lambda k: np.asarray([got[c].content['metrics'][k] for c in range(fed.num_clients)])
+    new, self.shared, rows, logs = self._apply(
+        self.shared, self.rows, self.views, local, jnp.asarray(metric('steps'), jnp.int32),
+        jnp.asarray(metric('first_loss'), jnp.float32),
+        jnp.asarray(metric('last_loss'), jnp.float32), jnp.int32(server_round - 1))
+    self.views, self.rows, logs = jax.device_get((new, rows, logs))  # waits for the rule
+    for c, client in enumerate(fed.clients):
+      m = got[c].content['metrics']
+      for s, task in enumerate(client.tasks):
+        self.records.append({'round': server_round, 'type': 'train', 'client': client.name,
+                             'dataset': client.dataset, 'task': task,
+                             'loss': float(m['loss'][s]), 'steps': int(m['steps'])})
+    if logs:
+      self.records.append({'round': server_round, 'type': 'agg',
+                           **{k: np.asarray(v).tolist() for k, v in logs.items()}})
+    t0, t_sent, down = self._sent
+    self.timing.append({'round': server_round, 'messages': t_sent - t0,
+                        'clients': t_recv - t_sent, 'aggregate': time.perf_counter() - t_recv,
+                        'client_train': metric('train_seconds').tolist(),
+                        'bytes_down': down, 'bytes_up': sum(_nbytes(m) for m in got.values())})
+    losses = [r['loss'] for r in self.records
+              if r['type'] == 'train' and r['round'] == server_round]
+    last = server_round == exp.config.num_rounds
+    return (self.arrays() if last else None), MetricRecord({'train_loss': float(np.mean(losses))})
+
+  def evaluates(self, server_round: int) -> bool:
+    cfg = self.config
+    return server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds
+
+  def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                         grid: Grid) -> Iterable[Message]:
+    if not self.evaluates(server_round):
+      return []
+    return self._messages(server_round, MessageType.EVALUATE)
+
+  def aggregate_evaluate(self, server_round: int,
+                         replies: Iterable[Message]) -> MetricRecord | None:
+    if not self.evaluates(server_round):
+      return None
+    got = self._replies(replies, f'evaluation of round {server_round}')
+    rows = []
+    for c in sorted(got):
+      rows += json.loads(got[c].content['eval']['rows'])
+    record = {} if self.config.get('unified', 'none') == 'none' else {
+        'unified': self.config.unified}
+    self.records += [{'round': server_round, 'type': 'eval', **r, **record} for r in rows]
+    return MetricRecord({f'{r["client"]}/{r["task"]} {r["metric"]}': float(r['value'])
+                         for r in rows if r['value'] is not None})
+
+  # -- results ------------------------------------------------------------------
+
+  def arrays(self) -> ArrayRecord:
+    """Every shared role's stacked rows (`{'encoder': [N, ...], 'decoder': [K, ...]}`)."""
+    return codec.to_record(self.views)
+
+  def write(self, workdir: str) -> None:
+    """metrics.jsonl, results.md and results.csv of the run in `workdir` (the
+    engine's formats: `scripts/compare.py` and the notebooks read them)."""
+    from fedjax_mtl.train import method_label
+    os.makedirs(workdir, exist_ok=True)
+    report.atomic_write(os.path.join(workdir, 'metrics.jsonl'), '')
+    report.append_jsonl(os.path.join(workdir, 'metrics.jsonl'), self.records)
+    report.atomic_write(os.path.join(workdir, 'config.json'),
+                        self.config.to_json_best_effort(indent=2))
+    final = [r for r in self.records
+             if r['type'] == 'eval' and r['round'] == self.config.num_rounds]
+    md, csv_text = report.results_table(method_label(self.config) + ' (Flower)', final, None)
+    report.atomic_write(os.path.join(workdir, 'results.md'), md)
+    report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
+
+
+def make_server_app(config=None, workdir: str | None = None,
+                    holder: dict | None = None) -> ServerApp:
+  """A `ServerApp` running `EngineStrategy(config)`; without `config`, from the run
+  config (`config_from_run`). `workdir`: where the run's metrics and tables go.
+  `holder['strategy']` receives the strategy (`simulate` reads its results), and
+  `holder['error']` an exception that stopped the run. A deployment's run config may
+  name the workdir too (`workdir='runs/flower'`)."""
+  app = ServerApp()
+
+  @app.main()
+  def main(grid: Grid, context) -> None:
+    try:
+      cfg = config if config is not None else config_from_run(context.run_config)
+      strategy = EngineStrategy(cfg)
+      if holder is not None:
+        holder['strategy'] = strategy
+      strategy.start(grid)
+      out = workdir or (context.run_config.get('workdir') if config is None else None)
+      if out:
+        strategy.write(str(out))
+    except Exception as e:
+      if holder is not None:
+        holder['error'] = e
+      raise
+
+  return app
+
+
+# What a deployment loads (`fedjax_mtl.flower.server:app`).
+app = make_server_app()

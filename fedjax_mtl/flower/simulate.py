@@ -1,0 +1,73 @@
+"""A run in Flower's simulation engine: the `ServerApp` in this process, one virtual
+SuperNode per client, `ClientApp`s in Ray workers.
+
+    python -m fedjax_mtl.flower --config=configs/hca2.py:smoke --workdir=runs/flower
+
+takes the same `--config` and `--config.<field>=<value>` overrides as
+`python -m fedjax_mtl.main`, and writes the engine's `metrics.jsonl` and
+results tables into `--workdir`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.flower import runtime
+
+
+def backend_config(num_workers: int | None = None) -> dict:
+  """Ray backend settings: one CPU per ClientApp worker, `num_workers` workers (all
+  cores by default); on a GPU, workers share it (`num_gpus` per client = 1/workers)."""
+  import jax
+  cpus = num_workers or os.cpu_count() or 1
+  gpus = 1.0 / cpus if jax.default_backend() == 'gpu' else 0.0
+  return {'client_resources': {'num_cpus': 1, 'num_gpus': gpus},
+          'init_args': {'num_cpus': cpus, 'num_gpus': 1 if gpus else 0,
+                        'include_dashboard': False, 'logging_level': 'error',
+                        'log_to_driver': False}}
+
+
+def simulate(config, workdir: str | None = None, num_workers: int | None = None,
+             client_config=None, timeout: float = 3600.0):
+  """Run `config` in Flower's simulation engine; returns the `server.EngineStrategy`
+  (its `views`: the aggregated rows; `records`: the metrics rows; `timing`: where
+  each round's time went).
+
+  `client_config`: the clients' config when it should differ from the server's
+  (a test of the refusal). ConfigError for what the adapter cannot run, and for any
+  failure reported by a client or the server.
+  """
+  from fedjax_mtl import validate
+  runtime.build(config)  # refuses what the adapter cannot run, before Ray starts
+  if workdir:
+    validate.check_workdir(workdir)
+    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+      raise ConfigError(f'workdir {workdir!r} already holds a run; Flower runs do not '
+                        'resume: use a new --workdir')
+  # Worker processes inherit the environment: share the compilation cache, and keep
+  # JAX from reserving most of a GPU's memory in every worker.
+  import jax
+  cache = jax.config.jax_compilation_cache_dir
+  if cache:
+    os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', cache)
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  from flwr.simulation import run_simulation
+
+  from fedjax_mtl.flower import client, server
+  holder: dict = {}
+  server_app = server.make_server_app(config, workdir, holder)
+  client_app = client.make_client_app(client_config if client_config is not None else config)
+  n = runtime.build(config).fed.num_clients
+  run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n,
+                 backend_config=backend_config(num_workers))
+  if 'error' in holder:
+    e = holder['error']
+    raise e if isinstance(e, ConfigError) else ConfigError(f'the Flower run failed: {e}')
+  if 'strategy' not in holder:
+    raise ConfigError('the Flower run ended before its server started (see the log above)')
+  strategy = holder['strategy']
+  if len(strategy.timing) < config.num_rounds:
+    raise ConfigError(f'the Flower run stopped after {len(strategy.timing)} of '
+                      f'{config.num_rounds} rounds (see the log above)')
+  return strategy
