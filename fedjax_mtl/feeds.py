@@ -195,7 +195,7 @@ class StreamedFeed:
     jobs = []
     if jax.process_count() > 1:
       params = [gs.params for gs in state.groups]
-      metrics = [_with_sharding(_zero_accs(g, g.num_total), exp.client_sharding)
+      metrics = [_with_sharding(zero_accs(g, g.num_total), exp.client_sharding)
                  for g in exp.fed.groups]
       jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), params,
                                               rounds.abstract_round_start(exp, params), metrics)))
@@ -218,11 +218,11 @@ class StreamedFeed:
     rows of them, `TrainChunks.rows`)."""
     shard, rep = self.exp.client_sharding, self.exp.replicated
     n = self.exp.fed.groups[int(element['group'])].num_total
-    x = {k[2:]: v for k, v in element.items() if k.startswith('x/')}
-    return {'x': distributed.put_local(x, shard, n),
-            'mask': distributed.put_local(element['mask'], shard, n),
-            'epoch': distributed.put_replicated(element['epoch'], rep),
-            'step': distributed.put_replicated(element['step'], rep)}
+    c = chunk_arrays(element)
+    return {'x': distributed.put_local(c['x'], shard, n),
+            'mask': distributed.put_local(c['mask'], shard, n),
+            'epoch': distributed.put_replicated(c['epoch'], rep),
+            'step': distributed.put_replicated(c['step'], rep)}
 
   def run_round(self, state, rnd, progress=None):
     """Chunks are dispatched asynchronously: the host prepares the next chunk
@@ -233,7 +233,7 @@ class StreamedFeed:
     groups = list(state.groups)
     start = (_copy([gs.params for gs in groups]) if self.exp.start_axes is None
              else rounds.round_start(self.exp, [gs.params for gs in groups]))
-    accs = [distributed.put_local(_zero_accs(g, r.stop - r.start), self.exp.client_sharding,
+    accs = [distributed.put_local(zero_accs(g, r.stop - r.start), self.exp.client_sharding,
                                   g.num_total)
             for g, r in zip(self.exp.fed.groups, self.train_chunks.rows)]
     done = [0] * len(groups)  # steps dispatched per group
@@ -290,7 +290,7 @@ class StreamedFeed:
       self._feed.close()  # stops grain workers
 
 
-def _zero_accs(g, n: int) -> dict:
+def zero_accs(g, n: int) -> dict:
   """A group's training statistics, zero, for `n` of its clients (host arrays)."""
   return {'loss_sum': np.zeros((n, g.num_slots), np.float32), 'steps': np.zeros((n,), np.int32),
           'first_loss': np.zeros((n,), np.float32), 'last_loss': np.zeros((n,), np.float32)}
@@ -301,32 +301,57 @@ def _streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
   cfg, fed = exp.config, exp.fed
   if 'sources' in exp.compiled:
     return exp.compiled['sources']
-  size_of = {d: tuple(int(v) for v in cfg.data.resolution[d]) for d in cfg.data.resolution}
-  chunk_steps = int(cfg.data.get('chunk_steps', 2))
-  specs, sources = [], []
-  for g in fed.groups:
-    clients = [fed.clients[c] for c in g.client_ids]
-    specs.append(real.GroupFeedSpec(
-        dataset=g.dataset, client_ids=g.client_ids, num_total=g.num_total,
-        counts=tuple(c.num_train for c in clients), epochs=g.local_epochs,
-        batch_size=cfg.batch_size,
-        chunk_steps=min(chunk_steps, g.local_epochs * (max(g.counts) // cfg.batch_size)),
-        keys=g.tasks_used))
-    sources.append([real.client_source(cfg, c) for c in clients])
-  transforms = {d: real.T.train_transforms(size_of[d]) for d in size_of}
+  size_of = sizes(exp)
+  specs = [group_feed_spec(exp, g) for g in fed.groups]
+  sources = [[real.client_source(cfg, fed.clients[c]) for c in g.client_ids] for g in fed.groups]
   # A multi-process run reads only the clients on this process's devices.
   rows = [distributed.local_rows(exp.client_sharding, g.num_total) for g in fed.groups]
   chunks = real.TrainChunks(specs, sources, cfg.num_rounds, size_of, int(cfg.data.seed),
-                            transforms, rows=rows)
+                            train_transforms(exp), rows=rows)
   eval_batches = {}
   for d in sorted({g.dataset for g in fed.groups}):
     keys = tuple(t for t in tasks_lib.DATASETS[d].tasks
                  if any(t in g.tasks_used for g in fed.groups if g.dataset == d))
-    test = real.open_split(cfg, d, real.TEST_SPLIT, tasks=keys)
-    real.check_eval_sizes(cfg, d, test)
-    eval_batches[d] = real.EvalBatches(test, cfg.eval_batch_size, size_of[d], keys)
+    eval_batches[d] = eval_source(exp, d, keys)
   exp.compiled['sources'] = (chunks, eval_batches)
   return chunks, eval_batches
+
+
+def sizes(exp: Experiment) -> dict[str, tuple[int, int]]:
+  """(height, width) the run trains and evaluates each dataset at."""
+  res = exp.config.data.resolution
+  return {d: tuple(int(v) for v in res[d]) for d in res}
+
+
+def train_transforms(exp: Experiment) -> dict[str, list]:
+  """The training augmentation of each dataset."""
+  return {d: real.T.train_transforms(size) for d, size in sizes(exp).items()}
+
+
+def group_feed_spec(exp: Experiment, g) -> real.GroupFeedSpec:
+  """The streamed plan of client group `g`'s local steps (chunks of its round)."""
+  cfg, fed = exp.config, exp.fed
+  chunk_steps = int(cfg.data.get('chunk_steps', 2))
+  return real.GroupFeedSpec(
+      dataset=g.dataset, client_ids=g.client_ids, num_total=g.num_total,
+      counts=tuple(fed.clients[c].num_train for c in g.client_ids), epochs=g.local_epochs,
+      batch_size=cfg.batch_size,
+      chunk_steps=min(chunk_steps, g.local_epochs * (max(g.counts) // cfg.batch_size)),
+      keys=g.tasks_used)
+
+
+def eval_source(exp: Experiment, dataset: str, keys: tuple[str, ...]) -> real.EvalBatches:
+  """`dataset`'s test split as evaluation batches with the labels `keys`."""
+  cfg = exp.config
+  test = real.open_split(cfg, dataset, real.TEST_SPLIT, tasks=keys)
+  real.check_eval_sizes(cfg, dataset, test)
+  return real.EvalBatches(test, cfg.eval_batch_size, sizes(exp)[dataset], keys)
+
+
+def chunk_arrays(element: dict) -> dict:
+  """A `real.TrainChunks` element as the chunk trainers take it (host arrays)."""
+  return {'x': {k[2:]: v for k, v in element.items() if k.startswith('x/')},
+          'mask': element['mask'], 'epoch': element['epoch'], 'step': element['step']}
 
 
 def _score(members: list, scores: list, probs: list, gt) -> None:

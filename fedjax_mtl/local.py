@@ -409,14 +409,16 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   'step' [T] positions in the round}; `key` is the group's round key (as in
   `make_group_trainer`, so dropout streams match per step). `acc` =
   {'loss_sum' [n, slots], 'steps' [n], 'first_loss' [n], 'last_loss' [n]}
-  accumulates over a round's chunks.
+  accumulates over a round's chunks. `ids` ([n] int32, default every row): the group
+  rows `gstate` holds, when it holds only some (one client trained alone).
   """
   task_ids = jnp.asarray(group.task_ids)
   scan = _make_client_scan(group, model_train, tx, alg, labels, lambda b: b)
   total_epochs = total_rounds * group.local_epochs
 
-  def train_chunk(gstate, start, acc, chunk, key, round_idx):
-    _, step_keys = _client_keys(key, group.num_total)
+  def train_chunk(gstate, start, acc, chunk, key, round_idx, ids=None):
+    _, step_keys = _client_keys(key, group.num_total if ids is None else ids)
+    tids = task_ids if ids is None else task_ids[ids]
     lrs = step_lrs(chunk['epoch'], round_idx, optim_cfg, total_epochs)
     if optim_cfg.get('reset_each_round', False):  # the round's first chunk starts afresh
       fresh = fresh_opt_state(tx, optim_cfg, gstate.opt_state, gstate.params)
@@ -425,7 +427,7 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     gstate, loss_sum, totals = jax.vmap(
         lambda cs, s, t, x, m, k: scan(cs, s, t, (x, m, lrs, chunk['step']), k, round_idx),
         in_axes=(0, start_axes, 0, 0, 0, 0))(
-            gstate, start, task_ids, chunk['x'], chunk['mask'], step_keys)
+            gstate, start, tids, chunk['x'], chunk['mask'], step_keys)
     first, last = jax.vmap(edge_losses)(totals, chunk['mask'])
     real = jnp.any(chunk['mask'].astype(bool), axis=1)
     acc = {'loss_sum': acc['loss_sum'] + loss_sum,

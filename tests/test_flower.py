@@ -1,6 +1,6 @@
 """The Flower adapter (fedjax_mtl/flower): the smoke FedHCA2 run in Flower's simulation
-engine (6 clients, 2 rounds, ClientApps in 2 Ray workers) aggregates the same
-parameters as the engine's own rounds; a client whose config differs refuses the run
+engine (5 clients, 2 rounds, ClientApps in 2 Ray workers) aggregates the same
+parameters as the engine's own rounds (real data: tests/test_real_engine.py); a client whose config differs refuses the run
 naming the fields; what the adapter cannot run is refused before Ray starts.
 """
 
@@ -140,3 +140,4 @@ def test_a_client_finds_its_rows_in_the_stacked_views():
         [c] * len(fed.clients[c].tasks)
   x = np.arange(2 * 3 * 4).reshape(1, 3, 4, 2)  # one client, 3 task slots
   np.testing.assert_array_equal(codec.group_piece(codec.client_piece(x, 'decoder'), 'decoder'), x)
+

@@ -13,11 +13,15 @@ import pytest
 
 from conftest import tiny_config
 from fake_datasets import make_nyud, make_pascal
-from fedjax_mtl import feeds, local, scenarios, train
+from fedjax_mtl import experiment, feeds, local, scenarios, train
 from fedjax_mtl.data import cache as cache_lib
 from fedjax_mtl.data import real
 from fedjax_mtl.data import transforms as T
 from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.flower import simulate
+from fedjax_mtl.report import read_jsonl
+from test_flower import _flat
+from test_multihost import SHIFT_INVARIANT
 
 P_TRAIN = [f'2008_{i:06d}' for i in range(1, 21)]
 N_TRAIN = [f'{i:04d}' for i in range(1, 7)]
@@ -47,10 +51,17 @@ def _params(state):
   return jax.tree.map(np.asarray, [gs.params for gs in state.groups])
 
 
-def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, tmp_path):
+@pytest.fixture(scope='module')
+def full_run(data_dir, tmp_path_factory):
+  """The engine's streamed run of `real_config`: (result, workdir)."""
+  wd = tmp_path_factory.mktemp('full')
+  return train.train_and_evaluate(real_config(data_dir), str(wd)), wd
+
+
+def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, full_run, tmp_path):
   cfg = real_config(data_dir)
-  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
-  rows = [json.loads(l) for l in open(tmp_path / 'full' / 'metrics.jsonl')]
+  full, full_wd = full_run
+  rows = [json.loads(l) for l in open(full_wd / 'metrics.jsonl')]
   evals = {(r['client'], r['task']) for r in rows if r['type'] == 'eval' and r['round'] == 2}
   exp = train.build(cfg)
   assert evals == {(c.name, t) for c in exp.fed.clients for t in c.tasks}
@@ -71,6 +82,31 @@ def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, tmp_path):
   resumed = train.train_and_evaluate(cfg, part)
   jax.tree.map(np.testing.assert_array_equal, _params(full['state']), _params(resumed['state']))
   assert ([r for r in full['eval']] == [r for r in resumed['eval']])
+
+
+def test_flower_clients_train_their_own_streamed_rows_as_the_engine(data_dir, full_run, tmp_path):
+  # The clients' and the server's message contents, without Flower's transport
+  # (simulate.in_process): each client streams the chunks of its own row from its own
+  # images; the aggregated rows match the engine's streamed run.
+  cfg = real_config(data_dir)
+  engine, engine_wd = full_run
+  strategy = simulate.in_process(cfg, str(tmp_path / 'flower'))
+  exp = experiment.build(cfg)
+  params = [gs.params for gs in engine['state'].groups]
+  want = _flat({r: jax.device_get(experiment.views(exp, params, r))
+                for r in exp.algorithm.shared_roles})
+  got = _flat(strategy.views)
+  assert sorted(got) == sorted(want)
+  for k in want:
+    tol = 5e-3 if SHIFT_INVARIANT.search(k) else 1e-4
+    np.testing.assert_allclose(got[k], want[k], rtol=0 if tol > 1e-4 else 1e-4, atol=tol,
+                               err_msg=k)
+  rows = read_jsonl(str(tmp_path / 'flower' / 'metrics.jsonl'))
+  ref = read_jsonl(str(engine_wd / 'metrics.jsonl'))
+  key = lambda r: (r['round'], r['type'], r.get('client'), r.get('task'), r.get('metric'))
+  assert sorted(map(key, rows)) == sorted(map(key, ref))
+  steps = lambda rs: [r['steps'] for r in sorted(rs, key=key) if r['type'] == 'train']
+  assert steps(rows) == steps(ref)
 
 
 def test_parts_client_keeps_images_with_humans(data_dir):

@@ -6,7 +6,8 @@ state (params, batch-norm statistics, optimizer and client-part state, a
 personal model) stays on the node between rounds (`Context.state`); each round
 it receives its rows of the shared roles and of the server's per-row state,
 trains exactly as its row of the engine's client group would (same batches,
-dropout keys and learning rates: `local.GroupRows`), runs the algorithm's client
+dropout keys and learning rates: `local.GroupRows`; on real data the chunks of
+its row, streamed from its own images), runs the algorithm's client
 finalize and uploads its rows of the shared roles with its step count and
 first/last losses. Evaluation scores its model on its test split.
 
@@ -16,6 +17,7 @@ from the server's, naming the fields), `train` and `evaluate` as above.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
@@ -27,6 +29,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedjax_mtl import evaluate, feeds, local, rounds
+from fedjax_mtl.data import real
 from fedjax_mtl.algorithms.base import merge_view, role_view
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.experiment import init_state
@@ -45,10 +48,14 @@ class ClientRuntime:
   def __init__(self, config):
     self.config = config
     self.exp = exp = runtime.build(config)
-    self.train_data, self.test_data = feeds.device_data(exp)
+    # Synthetic data on device; real data streams from the client's own images.
+    self.train_data, self.test_data = (None, None) if exp.streamed else feeds.device_data(exp)
     self.init = init_state(exp)
     self._train: dict[int, Any] = {}
-    self._eval: dict[int, Any] = {}
+    self._eval: dict[Any, Any] = {}
+    self._chunks: dict[int, Any] = {}
+    self._tests: dict[str, Any] = {}
+    self.threads = int(config.data.get('threads', 2))
 
   def locate(self, client: int) -> tuple[int, int]:
     """(group, row in the group) of engine client `client`."""
@@ -63,6 +70,60 @@ class ClientRuntime:
     between rounds (one compiled program for both)."""
     g, j = self.locate(client)
     return jax.device_get(jax.tree.map(lambda x: x[j:j + 1], self.init.groups[g]))
+
+  def chunks(self, client: int):
+    """The client's training chunks (`real.TrainChunks` of its group, its row only:
+    the engine's chunks of that row, read from the client's own images)."""
+    if client not in self._chunks:
+      exp = self.exp
+      g, j = self.locate(client)
+      spec = exp.fed.groups[g]
+      sources = [real.client_source(self.config, exp.fed.clients[c]) if c == client else None
+                 for c in spec.client_ids]
+      self._chunks[client] = real.TrainChunks(
+          [feeds.group_feed_spec(exp, spec)], [sources], self.config.num_rounds,
+          feeds.sizes(exp), int(self.config.data.seed), feeds.train_transforms(exp),
+          rows=[slice(j, j + 1)])
+    return self._chunks[client]
+
+  def chunk_program(self, g: int):
+    """Jitted `(state, start, acc, chunk, rng, round, ids) -> (state, acc)` of group g:
+    one chunk of the client's local round (`local.make_chunk_trainer`), and the
+    jitted finalize `(state, start) -> (state, uploads)`."""
+    if g not in self._train:
+      exp, cfg = self.exp, self.config
+      trainer = local.make_chunk_trainer(exp.fed.groups[g], exp.models_train[g], exp.tx,
+                                         cfg.optim, cfg.num_rounds, exp.algorithm, exp.labels[g])
+
+      def run(cs, start, acc, chunk, rng, rnd, ids):
+        key = rounds.group_key(FedState(round=rnd, rng=rng, groups=[]), g)
+        return trainer(cs, start, acc, chunk, key, rnd, ids=ids)
+
+      finalize = lambda cs, start: local.finalize_group(exp.algorithm, cs, start)
+      self._train[g] = (jax.jit(run, donate_argnums=(0, 2)), jax.jit(finalize))
+    return self._train[g]
+
+  def train_streamed(self, client: int, cs: GroupState, rnd: int):
+    """`train` on streamed real data: the round's chunks of the client's row."""
+    g, j = self.locate(client)
+    spec = self.exp.fed.groups[g]
+    chunks = self.chunks(client)
+    step, finalize = self.chunk_program(g)
+    start = jax.device_put(cs.params)
+    cs, acc = jax.device_put(cs), jax.device_put(feeds.zero_accs(spec, 1))
+    ids = jnp.asarray([j], jnp.int32)
+    feed = real.iterate(chunks, chunks.offset(rnd - 1), threads=self.threads)
+    try:
+      for el in itertools.islice(feed, chunks.per_round):
+        cs, acc = step(cs, start, acc, feeds.chunk_arrays(el), self.init.rng,
+                       jnp.int32(rnd - 1), ids)
+    finally:
+      feed.close()
+    trained, uploads = finalize(cs, start)
+    metrics = {'loss': acc['loss_sum'] / jnp.maximum(acc['steps'], 1)[:, None],
+               'steps': acc['steps'], 'first_loss': acc['first_loss'],
+               'last_loss': acc['last_loss']}
+    return trained, uploads, metrics
 
   def train_program(self, g: int):
     """Jitted `(state, data, round, rng, rows) -> (state, uploads, metrics)` of group g:
@@ -101,29 +162,51 @@ class ClientRuntime:
     merged in): (trained state, uploads per shared role, metrics)."""
     g, j = self.locate(client)
     spec = self.exp.fed.groups[g]
-    fn = self.train_program(g)
-    trained, uploads, metrics = fn(cs, self.train_data[spec.dataset]['train'],
-                                   jnp.int32(rnd - 1), self.init.rng, local.group_rows(spec, (j,)))
+    if self.exp.streamed:
+      trained, uploads, metrics = self.train_streamed(client, cs, rnd)
+    else:
+      fn = self.train_program(g)
+      trained, uploads, metrics = fn(cs, self.train_data[spec.dataset]['train'],
+                                     jnp.int32(rnd - 1), self.init.rng,
+                                     local.group_rows(spec, (j,)))
     labels = self.exp.labels[g]
     pieces = {r: codec.client_piece(role_view(uploads, labels, r), r)
               for r in self.exp.algorithm.shared_roles}
     return trained, pieces, metrics
 
   def evaluate(self, client: int, cs: GroupState) -> list[dict]:
-    """Metric rows (client, dataset, task, metric, value) of the client's model."""
+    """Metric rows (client, dataset, task, metric, value) of the client's model on
+    its dataset's test split (odsF from the same forward passes)."""
     g, _ = self.locate(client)
     spec, fn = self.eval_program(g, client)
-    stats, probs = jax.device_get(fn(cs, self.test_data[spec.dataset]))
+    holds_edge = bool(self.config.get('eval_edge_ods', True)) and evaluate.edge_holders(spec)
+    scores = evaluate.EdgeScores(spec, self.exp.fed.clients) if holds_edge else None
+    if self.exp.streamed:
+      stats = None
+      for batch in real.iterate(self.test_source(spec), threads=self.threads):
+        st, probs = fn(cs, jax.tree.map(lambda x: x[None], batch))
+        stats = st if stats is None else jax.tree.map(jnp.add, stats, st)
+        if scores is not None:
+          scores.update(np.asarray(probs)[0], batch['edge'])
+      stats = jax.device_get(stats)
+    else:
+      stats, probs = jax.device_get(fn(cs, self.test_data[spec.dataset]))
+      if scores is not None:
+        gt = self.exp.data[spec.dataset]['test']['edge']
+        b = self.config.eval_batch_size
+        for i, lo in enumerate(range(0, len(gt), b)):
+          scores.update(probs[i][:, :len(gt[lo:lo + b])], gt[lo:lo + b])
     rows = evaluate.finalize_group(spec, stats, self.exp.fed.clients)
-    if probs is not None and evaluate.edge_holders(spec):
-      scores = evaluate.EdgeScores(spec, self.exp.fed.clients)
-      gt = self.exp.data[spec.dataset]['test']['edge']
-      b = self.config.eval_batch_size
-      for i, lo in enumerate(range(0, len(gt), b)):
-        scores.update(probs[i][:, :len(gt[lo:lo + b])], gt[lo:lo + b])
+    if scores is not None:
       by_client = {r['client']: r for r in scores.rows()}
       rows = [by_client.get(r['client'], r) if r['task'] == 'edge' else r for r in rows]
     return rows
+
+  def test_source(self, spec):
+    """The test split's batches of `spec`'s dataset, with the labels its tasks need."""
+    if spec.dataset not in self._tests:
+      self._tests[spec.dataset] = feeds.eval_source(self.exp, spec.dataset, spec.tasks_used)
+    return self._tests[spec.dataset]
 
 
 def one_client_spec(spec, client: int):
@@ -157,30 +240,60 @@ def partition_id(context: Context) -> int:
   return int(context.node_config['partition-id'])
 
 
-def _stored_state(rt: ClientRuntime, client: int, context: Context) -> GroupState:
+def stored_state(rt: ClientRuntime, client: int, kept) -> GroupState:
+  """The client's state from what its node kept (`Context.state`'s record, or None
+  before its first round: the round-0 state)."""
   like = rt.initial_state(client)
-  if STATE_KEY not in context.state:
+  if kept is None:
     return like
-  kept = codec.from_record(context.state[STATE_KEY], like.replace(server_rows=()))
-  return kept.replace(server_rows=like.server_rows)
+  return codec.from_record(kept, like.replace(server_rows=())).replace(
+      server_rows=like.server_rows)
 
 
-def _with_server_rows(rt: ClientRuntime, client: int, cs: GroupState, msg: Message) -> GroupState:
+def _with_server_rows(rt: ClientRuntime, client: int, cs: GroupState,
+                      content: RecordDict) -> GroupState:
   """`cs` with the server's rows of the shared roles and of its per-row state."""
   g, _ = rt.locate(client)
   labels = rt.exp.labels[g]
   params = cs.params
   roles = rt.exp.algorithm.shared_roles
   like = {r: codec.client_piece(role_view(params, labels, r), r) for r in roles}
-  sent = codec.from_record(msg.content['params'], like)
+  sent = codec.from_record(content['params'], like)
   for r in roles:
     params = merge_view(params, codec.group_piece(sent[r], r))
   server_rows = cs.server_rows
   if jax.tree.leaves(server_rows):
     like_rows = {r: codec.client_piece(v, r) for r, v in server_rows.items()}
-    got = codec.from_record(msg.content['server_rows'], like_rows)
+    got = codec.from_record(content['server_rows'], like_rows)
     server_rows = {r: codec.group_piece(v, r) for r, v in got.items()}
   return cs.replace(params=params, server_rows=server_rows)
+
+
+def train_reply(rt: ClientRuntime, client: int, kept, content: RecordDict):
+  """A train message's work: (the state to keep, as a record; the reply's content)."""
+  rnd = int(content['config']['server-round'])
+  t0 = time.perf_counter()
+  cs = _with_server_rows(rt, client, stored_state(rt, client, kept), content)
+  trained, pieces, m = rt.train(client, cs, rnd)
+  m = jax.device_get(m)
+  seconds = time.perf_counter() - t0  # the server's rows decoded, the local round
+  spec = rt.exp.fed.groups[rt.locate(client)[0]]
+  metrics = MetricRecord({
+      'num-examples': int(rt.exp.fed.clients[client].num_train),
+      'steps': int(m['steps'][0]), 'first_loss': float(m['first_loss'][0]),
+      'last_loss': float(m['last_loss'][0]), 'train_seconds': seconds,
+      'loss': [float(x) for x in np.asarray(m['loss'][0])][:spec.num_slots]})
+  reply = RecordDict({'upload': codec.to_record(jax.device_get(pieces)), 'metrics': metrics,
+                      'client': ConfigRecord({'client': client})})
+  return codec.to_record(jax.device_get(trained.replace(server_rows=()))), reply
+
+
+def evaluate_reply(rt: ClientRuntime, client: int, kept, content: RecordDict) -> RecordDict:
+  """An evaluate message's work: the reply's content (the metric rows as JSON)."""
+  cs = _with_server_rows(rt, client, stored_state(rt, client, kept), content)
+  rows = rt.evaluate(client, cs)
+  return RecordDict({'eval': ConfigRecord({'rows': json.dumps(rows)}),
+                     'client': ConfigRecord({'client': client})})
 
 
 def make_client_app(config=None) -> ClientApp:
@@ -209,37 +322,18 @@ def make_client_app(config=None) -> ClientApp:
 
   @app.train()
   def train(msg: Message, context: Context) -> Message:
-    cfg = config_of(context)
-    rt = client_runtime(cfg)
-    client = partition_id(context)
-    rnd = int(msg.content['config']['server-round'])
-    t0 = time.perf_counter()
-    cs = _with_server_rows(rt, client, _stored_state(rt, client, context), msg)
-    trained, pieces, m = rt.train(client, cs, rnd)
-    context.state[STATE_KEY] = codec.to_record(jax.device_get(trained.replace(server_rows=())))
-    m = jax.device_get(m)
-    seconds = time.perf_counter() - t0  # the server's rows decoded, the local round
-    spec = rt.exp.fed.groups[rt.locate(client)[0]]
-    metrics = MetricRecord({
-        'num-examples': int(rt.exp.fed.clients[client].num_train),
-        'steps': int(m['steps'][0]), 'first_loss': float(m['first_loss'][0]),
-        'last_loss': float(m['last_loss'][0]), 'train_seconds': seconds,
-        'loss': [float(x) for x in np.asarray(m['loss'][0])][:spec.num_slots]})
-    content = RecordDict({'upload': codec.to_record(jax.device_get(pieces)),
-                          'metrics': metrics,
-                          'client': ConfigRecord({'client': client})})
-    return Message(content, reply_to=msg)
+    rt = client_runtime(config_of(context))
+    kept, reply = train_reply(rt, partition_id(context), context.state.get(STATE_KEY),
+                              msg.content)
+    context.state[STATE_KEY] = kept
+    return Message(reply, reply_to=msg)
 
   @app.evaluate()
   def evaluate_(msg: Message, context: Context) -> Message:
-    cfg = config_of(context)
-    rt = client_runtime(cfg)
-    client = partition_id(context)
-    cs = _with_server_rows(rt, client, _stored_state(rt, client, context), msg)
-    rows = rt.evaluate(client, cs)
-    content = RecordDict({'eval': ConfigRecord({'rows': json.dumps(rows)}),
-                          'client': ConfigRecord({'client': client})})
-    return Message(content, reply_to=msg)
+    rt = client_runtime(config_of(context))
+    reply = evaluate_reply(rt, partition_id(context), context.state.get(STATE_KEY),
+                           msg.content)
+    return Message(reply, reply_to=msg)
 
   return app
 

@@ -33,17 +33,17 @@ def build(config) -> experiment.Experiment:
 
 
 def check_supported(exp: experiment.Experiment) -> None:
-  """ConfigError naming what the adapter cannot run: real (streamed) data, a client
-  part that starts from a server-defined lookahead (`Client.begin`), and server-side
-  averaging of batch-norm running statistics (`Algorithm.average_stats`).
+  """ConfigError naming what the adapter cannot run: device augmentation of real data,
+  a client part that starts from a server-defined lookahead (`Client.begin`), and
+  server-side averaging of batch-norm running statistics (`Algorithm.average_stats`).
 
   Per-row server state (`ServerState.rows`, e.g. FedDyn's, SCAFFOLD-like terms) is
   supported: the server keeps it and sends each client its rows with its params."""
   alg, cfg = exp.algorithm, exp.config
-  if exp.streamed:
-    raise ConfigError("the Flower adapter trains on the in-memory synthetic benchmark "
-                      "(data.source='synthetic'); real data streams through the engine's "
-                      "grain feed, which a Flower client does not drive yet")
+  if exp.streamed and cfg.data.get('augment', 'host') != 'host':
+    raise ConfigError("the Flower adapter takes data.augment='host': device augmentation "
+                      "sizes its canvases by every client's images, which a client does "
+                      "not hold")
   if alg.client.begin is not None:
     raise ConfigError(f'algorithm {cfg.algorithm!r} is not supported by the Flower adapter: '
                       'its clients start each round from a lookahead point (Client.begin) that '

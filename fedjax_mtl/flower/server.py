@@ -55,9 +55,10 @@ def config_from_run(run_config) -> Any:
   return config
 
 
-def _nbytes(msg: Message) -> int:
-  """Bytes of the arrays a message carries."""
-  return sum(len(a.data) for rec in msg.content.array_records.values() for a in rec.values())
+def _nbytes(content: Message | RecordDict) -> int:
+  """Bytes of the arrays a message (or its content) carries."""
+  content = content.content if isinstance(content, Message) else content
+  return sum(len(a.data) for rec in content.array_records.values() for a in rec.values())
 
 
 def _reason(text: str) -> str:
@@ -106,7 +107,10 @@ class EngineStrategy(Strategy):
         for r in (first.keys() if first else ())})
     self.shared = state.server
     self.nodes: dict[int, int] = {}  # client -> node id
-    self.records: list[dict] = []  # metrics.jsonl rows, as the engine writes them
+    # metrics.jsonl rows, as the engine writes them
+    self.records: list[dict] = [{'round': 0, 'type': 'meta',
+                                 'clients': [c.name for c in fed.clients],
+                                 'decoders': list(fed.decoder_names)}]
     self._apply = jax.jit(self._server_apply)
     # Per round: seconds building the messages, waiting for the clients (their
     # training and Flower's transport), aggregating (decoding the uploads, the rule),
@@ -136,7 +140,9 @@ class EngineStrategy(Strategy):
 
   # -- messages -----------------------------------------------------------------
 
-  def _client_content(self, client: int, rnd: int) -> RecordDict:
+  def client_content(self, client: int, rnd: int) -> RecordDict:
+    """What client `client` receives in round `rnd`: its rows of every shared role and
+    of the per-row server state, and the round."""
     fed = self.exp.fed
     cut = lambda tree, r: jax.tree.map(lambda x: x[codec.row_slice(fed, r, client)], tree)
     content = {'params': codec.to_record({r: cut(v, r) for r, v in self.views.items()}),
@@ -146,7 +152,7 @@ class EngineStrategy(Strategy):
     return RecordDict(content)
 
   def _messages(self, rnd: int, kind: str) -> list[Message]:
-    return [Message(content=self._client_content(c, rnd), message_type=kind, dst_node_id=n)
+    return [Message(content=self.client_content(c, rnd), message_type=kind, dst_node_id=n)
             for c, n in sorted(self.nodes.items())]
 
   def _replies(self, replies: Iterable[Message], what: str) -> dict[int, Message]:
@@ -201,9 +207,6 @@ class EngineStrategy(Strategy):
     if timeout is not None:
       self.timeout = timeout
     self.handshake(grid)
-    self.records = [{'round': 0, 'type': 'meta',
-                     'clients': [c.name for c in self.exp.fed.clients],
-                     'decoders': list(self.exp.fed.decoder_names)}]
     return super().start(grid, initial_arrays or ArrayRecord(),
                          num_rounds or self.config.num_rounds, self.timeout, train_config,
                          evaluate_config, evaluate_fn)
@@ -226,13 +229,20 @@ class EngineStrategy(Strategy):
                       replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
     import time
     t_recv = time.perf_counter()
-    got = self._replies(replies, f'round {server_round}')
+    got = {c: m.content for c, m in self._replies(replies, f'round {server_round}').items()}
+    return self.aggregate(server_round, got, t_recv)
+
+  def aggregate(self, server_round: int, got: dict[int, RecordDict],
+                t_recv: float | None = None) -> tuple[ArrayRecord | None, MetricRecord]:
+    """The server step of round `server_round` on every client's reply content."""
+    import time
+    t_recv = time.perf_counter() if t_recv is None else t_recv
     fed, exp = self.exp.fed, self.exp
     cut = lambda tree, r, c: jax.tree.map(lambda x: x[codec.row_slice(fed, r, c)], tree)
     uploads = []
     for c in range(fed.num_clients):
       like = {r: cut(v, r, c) for r, v in self.views.items()}
-      up = codec.from_record(got[c].content['upload'], like)
+      up = codec.from_record(got[c]['upload'], like)
       if not all(np.all(np.isfinite(x)) for x in jax.tree.leaves(up)
                  if np.issubdtype(x.dtype, np.inexact)):
         client = fed.clients[c]
@@ -241,14 +251,14 @@ class EngineStrategy(Strategy):
       uploads.append(up)
     local = {r: jax.tree.map(lambda *xs: np.concatenate(xs, 0), *[u[r] for u in uploads])
              for r in self.views}
-    metric = lambda k: np.asarray([got[c].content['metrics'][k] for c in range(fed.num_clients)])
+    metric = lambda k: np.asarray([got[c]['metrics'][k] for c in range(fed.num_clients)])
     new, self.shared, rows, logs = self._apply(
         self.shared, self.rows, self.views, local, jnp.asarray(metric('steps'), jnp.int32),
         jnp.asarray(metric('first_loss'), jnp.float32),
         jnp.asarray(metric('last_loss'), jnp.float32), jnp.int32(server_round - 1))
     self.views, self.rows, logs = jax.device_get((new, rows, logs))  # waits for the rule
     for c, client in enumerate(fed.clients):
-      m = got[c].content['metrics']
+      m = got[c]['metrics']
       for s, task in enumerate(client.tasks):
         self.records.append({'round': server_round, 'type': 'train', 'client': client.name,
                              'dataset': client.dataset, 'task': task,
@@ -256,7 +266,7 @@ class EngineStrategy(Strategy):
     if logs:
       self.records.append({'round': server_round, 'type': 'agg',
                            **{k: np.asarray(v).tolist() for k, v in logs.items()}})
-    t0, t_sent, down = self._sent
+    t0, t_sent, down = getattr(self, '_sent', (t_recv, t_recv, 0))
     self.timing.append({'round': server_round, 'messages': t_sent - t0,
                         'clients': t_recv - t_sent, 'aggregate': time.perf_counter() - t_recv,
                         'client_train': metric('train_seconds').tolist(),
@@ -281,9 +291,13 @@ class EngineStrategy(Strategy):
     if not self.evaluates(server_round):
       return None
     got = self._replies(replies, f'evaluation of round {server_round}')
+    return self.collect_eval(server_round, {c: m.content for c, m in got.items()})
+
+  def collect_eval(self, server_round: int, got: dict[int, RecordDict]) -> MetricRecord:
+    """The evaluation rows of every client's reply content, as run records."""
     rows = []
     for c in sorted(got):
-      rows += json.loads(got[c].content['eval']['rows'])
+      rows += json.loads(got[c]['eval']['rows'])
     record = {} if self.config.get('unified', 'none') == 'none' else {
         'unified': self.config.unified}
     self.records += [{'round': server_round, 'type': 'eval', **r, **record} for r in rows]

@@ -71,3 +71,26 @@ def simulate(config, workdir: str | None = None, num_workers: int | None = None,
     raise ConfigError(f'the Flower run stopped after {len(strategy.timing)} of '
                       f'{config.num_rounds} rounds (see the log above)')
   return strategy
+
+
+def in_process(config, workdir: str | None = None):
+  """The Flower run's message contents without Flower: the strategy and every client
+  in this process, one after the other (what each node would compute, for debugging
+  a config before a deployment and for tests). Returns the `server.EngineStrategy`."""
+  from fedjax_mtl.flower import client, server
+  strategy = server.EngineStrategy(config)
+  rt = client.client_runtime(config)
+  n = strategy.exp.fed.num_clients
+  kept = {c: None for c in range(n)}
+  for rnd in range(1, config.num_rounds + 1):
+    replies = {}
+    for c in range(n):
+      kept[c], replies[c] = client.train_reply(rt, c, kept[c], strategy.client_content(c, rnd))
+    strategy.aggregate(rnd, replies)
+    if strategy.evaluates(rnd):
+      strategy.collect_eval(rnd, {c: client.evaluate_reply(rt, c, kept[c],
+                                                           strategy.client_content(c, rnd))
+                                  for c in range(n)})
+  if workdir:
+    strategy.write(workdir)
+  return strategy
