@@ -114,6 +114,17 @@ def run_fields(config, keep: tuple[str, ...] = ()) -> dict:
   return d
 
 
+def flat_fields(d: dict, prefix: str = '') -> dict:
+  """Nested dicts (a config's JSON) as {'a.b': leaf}."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(flat_fields(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
 _BUILT: dict[str, Experiment] = {}
 
 

@@ -23,8 +23,8 @@ from fedjax_mtl.algorithms.base import unified_mode
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.defaults import base_config
 from fedjax_mtl.errors import ConfigError, DivergedError
-from fedjax_mtl.experiment import (Experiment, build, init_state, run_fields,  # noqa: F401
-                                   train_compiler_options)
+from fedjax_mtl.experiment import (Experiment, build, flat_fields, init_state,  # noqa: F401
+                                   run_fields, train_compiler_options)
 from fedjax_mtl.feeds import Feed, evaluates_linear
 from fedjax_mtl.state import FedState
 
@@ -108,17 +108,6 @@ def _summary(rnd: int, total: int, dt: float, train_rows, eval_rows) -> str:
   return line
 
 
-def _flat(d: dict, prefix: str = '') -> dict:
-  """Nested dicts as {'a.b': leaf}."""
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict) and v:
-      out.update(_flat(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
 # Wrapper blocks that older versions wrote into every config ('masked' is now 'dea').
 RETIRED_BLOCKS = ('masked',)
 
@@ -130,13 +119,13 @@ def config_diffs(config, workdir: str) -> list[str]:
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    old = _flat(run_fields(f.read()))
-  new = _flat(run_fields(config))
+    old = flat_fields(run_fields(f.read()))
+  new = flat_fields(run_fields(config))
   # A field this version added (absent from the old run's config) matches when the
   # run uses its default (an algorithm block's too): the old run behaved as the
   # default does.
-  default = _flat(run_fields(base_config()))
-  default.update(_flat({name: block.to_dict()
+  default = flat_fields(run_fields(base_config()))
+  default.update(flat_fields({name: block.to_dict()
                         for name, block in validate.block_defaults().items()}))
   for k in set(new) - set(old):
     if k in default and new[k] == default[k]:

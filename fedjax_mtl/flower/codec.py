@@ -74,20 +74,10 @@ def group_piece(rows: PyTree, role: str) -> PyTree:
   return jax.tree.map(lambda x: x.reshape((1,) + x.shape), rows)
 
 
-def _flat(d: dict, prefix: str = '') -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict) and v:
-      out.update(_flat(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
 def shared_fields(config) -> str:
   """The config fields server and clients must agree on, as JSON (what the server
   sends at the handshake): every run field except `LOCAL_FIELDS`."""
-  flat = _flat(experiment.run_fields(config))
+  flat = experiment.flat_fields(experiment.run_fields(config))
   keep = {k: v for k, v in flat.items()
           if not any(k == f or k.startswith(f + '.') for f in LOCAL_FIELDS)}
   return json.dumps(keep, sort_keys=True)
