@@ -44,3 +44,17 @@ def snapshot(d):
       p = os.path.join(root, f)
       out[os.path.relpath(p, d)] = open(p, 'rb').read()
   return out
+
+
+# Files whose tests take longest (seconds on a 2-core CPU, cold XLA cache). The two
+# xdist workers take whole files in collection order (`--dist loadfile`): starting with
+# these keeps one worker from running a long file alone at the end.
+_LONG_FILES = ('test_multihost.py', 'test_algorithms_engine.py', 'test_feddea.py',
+               'test_real_engine.py', 'test_notebooks.py', 'test_tooling.py',
+               'test_flower.py', 'test_cli.py', 'test_engine.py', 'test_ntkfedavg.py',
+               'test_hca2.py', 'test_manytask.py')
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {f: i for i, f in enumerate(_LONG_FILES)}
+  items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: others keep their order
