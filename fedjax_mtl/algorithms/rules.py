@@ -139,15 +139,19 @@ def with_server_momentum(rule: Server, momentum: float = 0.9, lr: float = 1.0) -
   return Server(init=init, apply=apply)
 
 
-def _per_client(num_clients: int, owners: np.ndarray, fn: Callable, *views) -> jax.Array:
-  """[num_clients] sums over each client's rows of `fn(*leaves)` (views of one
-  structure, stacked or `Blocks` split alike; `owners[i]` owns row i)."""
+def _per_client_dot(num_clients: int, owners: np.ndarray, fn: Callable, *views) -> jax.Array:
+  """[num_clients] Σ over each client's rows of `fn(*leaves)` · `leaves[0]` (views of one
+  structure, stacked or `Blocks` split alike; `owners[i]` owns row i), as one row-wise
+  float32 dot per leaf: XLA:CPU runs a dot near memory speed, where a row-wise sum of
+  the same product runs 2× slower (FedDEA's energy logs, BENCHMARKS.md)."""
   total = jnp.zeros((num_clients,), jnp.float32)
   for parts in zip(*(row_offsets(v) for v in views)):
     lo = parts[0][0]
     leaves = [jax.tree.leaves(p) for _, p in parts]
     rows = leaves[0][0].shape[0]
-    per_row = sum(jnp.sum(fn(*xs).reshape(rows, -1), axis=1, dtype=jnp.float32)
+    flat = lambda x: x.astype(jnp.float32).reshape(rows, -1)
+    per_row = sum(jnp.einsum('ri,ri->r', flat(fn(*xs)), flat(xs[0]),
+                             precision=jax.lax.Precision.HIGHEST)
                   for xs in zip(*leaves))
     total = total + jax.ops.segment_sum(per_row, jnp.asarray(owners[lo:lo + rows]),
                                         num_segments=num_clients)
@@ -170,10 +174,9 @@ def dea_logs(deltas: Views, mask: Views, info: FedInfo, scale: float) -> dict:
   """
   n = info.num_clients
   owners = {r: np.asarray(info.row_client(r)) for r in deltas}
-  sq = lambda d: jnp.square(d.astype(jnp.float32))
-  total = sum(_per_client(n, owners[r], sq, deltas[r]) for r in deltas)
-  kept_sq = sum(_per_client(n, owners[r], lambda d, m: m.astype(jnp.float32) * sq(d),
-                            deltas[r], mask[r]) for r in deltas)
+  total = sum(_per_client_dot(n, owners[r], lambda d: d, deltas[r]) for r in deltas)
+  kept_sq = sum(_per_client_dot(n, owners[r], lambda d, m: jnp.where(m != 0, d, 0),
+                                deltas[r], mask[r]) for r in deltas)
   bits = {r: topk.packed_rows(mask[r]) for r in deltas}
   kept = {r: sum(jax.ops.segment_sum(topk.popcount_rows(w), jnp.asarray(owners[r][lo:lo + len(w)]),
                                      num_segments=n) for lo, w in bits[r]).astype(jnp.float32)
