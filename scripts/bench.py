@@ -665,7 +665,6 @@ def bench_dea_engine(datasets=('nyud', 'pascal'), repeats: int = 5,
   top-ρ selection). Calls alternate between the algorithms; best and median of
   `repeats`."""
   from fedjax_mtl import rounds
-  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
   out = {}
   for ds in datasets:
     runs = {}
@@ -687,7 +686,7 @@ def bench_dea_engine(datasets=('nyud', 'pascal'), repeats: int = 5,
       out[f'{ds}_{alg}_compile_s'] = time.perf_counter() - t0
 
       def run(compiled=compiled, base=base, start=start, metrics=metrics):
-        fresh = jax.block_until_ready(copy(base))
+        fresh = jax.block_until_ready(feeds._copy(base))
         t0 = time.perf_counter()
         jax.block_until_ready(rounds.aggregate(compiled, fresh, start, metrics))
         return time.perf_counter() - t0

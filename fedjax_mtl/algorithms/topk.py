@@ -188,12 +188,14 @@ def _decode(cols: list) -> jax.Array:
   each <= 15; every M_b a multiple of 16, as `_columns` gives for key blocks).
 
   Each block's columns are first summed in groups of 16 with their fields spread to
-  bytes (16 · 15 = 240 < 2^8), so only these sixteenths are concatenated (joining the
-  whole columns was a plain `concatenate` that cost a third of a pass); then they
-  are spread to 16 bits before the next sums over 16 (16 · 240 < 2^16). The last
-  (ΣM_b / 16) mod 16 byte words are unpacked directly.
+  bytes (16 · 15 = 240 < 2^8), so only these sixteenths are concatenated, not the
+  whole columns (2–3 % of a mask call, BENCHMARKS.md); then they are spread to 16
+  bits before the next sums over 16 (16 · 240 < 2^16). The last (ΣM_b / 16) mod 16
+  byte words are unpacked directly.
   """
-  cols = jax.lax.optimization_barrier(cols)  # keeps the sums below out of the passes'
+  # The barrier keeps XLA from fusing the sums below into the counting reductions
+  # (nested sums become unvectorized reduce-windows).
+  cols = jax.lax.optimization_barrier(cols)
   r = cols[0].shape[0]
   # Reshape first, then mask: XLA fuses the masking into the sums only that way; the
   # barriers keep it from merging nested sums into unvectorized reduce-windows.
