@@ -54,6 +54,13 @@ def _kth_desc(keys: np.ndarray, k: int) -> int:
 _KTH = jax.jit(lambda leaves, k: topk.kth_largest_abs(leaves, k))
 
 
+@pytest.fixture(autouse=True)
+def _passes(monkeypatch):
+  """Every test here runs the counting passes (updates of at most `_SORT_UP_TO` entries
+  per client take one sort instead; the sort's own test below switches it back)."""
+  monkeypatch.setattr(topk, '_SORT_UP_TO', 0)
+
+
 @pytest.mark.parametrize('dist', DISTS)
 def test_kth_largest_matches_numpy(dist):
   leaves = _leaves(np.random.default_rng(DISTS.index(dist)), dist)
@@ -142,6 +149,27 @@ def test_masks_are_per_client_over_roles_and_blocks_parts(variant):
     np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=f'client {c}')
     # At least k; more only on ties (client 2: thousands tie at its threshold).
     assert got.sum() >= k and (got.sum() > k) == (c == 2)
+
+
+@pytest.mark.parametrize('variant', topk.VARIANTS)
+def test_small_updates_sort_to_the_same_threshold_and_mask(variant, monkeypatch):
+  deltas, row_client, _, _ = _views(np.random.default_rng(10))
+  deltas['encoder'].parts[0]['0'][1, :5] = np.nan  # NaN above everything
+  deltas['encoder'].parts[0]['0'][1, 5:9] = -0.0
+  deltas['encoder'].parts[0]['0'][1, 9:12] = 1e-42  # denormals, ordered exactly
+  key = jax.random.PRNGKey(3)
+  outs = []
+  for up_to in (0, 1 << 30):  # the passes, then one sort
+    monkeypatch.setattr(topk, '_SORT_UP_TO', up_to)
+    mask = _mask_fn(variant)(deltas, key)
+    kth = jax.jit(lambda d: topk.kth_largest_abs(d, jnp.asarray([1, 9, 40000, 7, 1]),
+                                                 row_client, num_clients=5))(deltas)
+    outs.append((mask, kth))
+  (mask_p, kth_p), (mask_s, kth_s) = outs
+  np.testing.assert_array_equal(_keys(kth_s), _keys(kth_p))
+  assert np.isnan(kth_s[1]) and kth_s[4] == 0  # client 4 owns no rows
+  for x, y in zip(jax.tree.leaves(mask_p), jax.tree.leaves(mask_s)):
+    np.testing.assert_array_equal(x, y)
 
 
 def test_random_variant_keeps_exactly_k_uniformly_and_is_deterministic_in_its_key():

@@ -28,6 +28,10 @@ passes over 1/16 of it. Leaves under 65536 entries per row (and the last <1920
 entries of larger ones) are gathered once into one key block per part, so a
 pass has one fusion per large leaf, not per leaf.
 
+Updates of at most 2^16 entries per client (`_SORT_UP_TO`: tests, small models) take
+one sort of each client's keys instead, the same exact threshold: the passes'
+program takes seconds to compile, the sort's a tenth of one.
+
 Semantics: an entry's order is that of its key: NaN counts as larger than +inf,
 denormals are ordered exactly (no flush to zero), -0 equals +0.
 """
@@ -63,6 +67,11 @@ _Z = 3.0  # half-width of a predicted k-th position, in standard deviations
 _MODEL_ERR = 0.002  # ... plus this fraction of the bracket (density not linear)
 _MAX_PASSES = 64  # far above need: every two passes shrink a bracket 4× or more
 _TOP = 0x7FFFFFFF  # |x| bit mask; also the largest key (a NaN)
+# Up to this many entries per client, one sort of each client's keys: exact and the same
+# threshold, and its program compiles in a tenth of a second against about two for the
+# passes below (tests and small-model runs compile more than they run); a sort's cost
+# per entry grows with log d, so larger updates take the passes.
+_SORT_UP_TO = 1 << 16
 
 
 class _Part(NamedTuple):
@@ -475,13 +484,34 @@ def _narrow(br: _Bracket, k: jax.Array, grid: _Grid, buckets: jax.Array,
   return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, br)
 
 
+def _sorted_kth(parts: list[_Part], k: jax.Array, sizes: np.ndarray) -> jax.Array:
+  """The k-th largest key per client by one sort of each client's keys (all its rows
+  of all parts, padded at the front with -1 to the largest client's size)."""
+  width = max(int(sizes.max(initial=0)), 1)
+  rows = [[] for _ in sizes]
+  for p in parts:
+    keys = [x.reshape(x.shape[0], -1) for x in p.leaves]
+    keys = [x if p.keyed else _abs_bits(x) for x in keys]
+    flat = keys[0] if len(keys) == 1 else jnp.concatenate(keys, axis=1)
+    for i, c in enumerate(p.owners):
+      rows[c].append(flat[i])
+  table = jnp.stack([jnp.concatenate([jnp.full((width - int(n),), -1, jnp.int32)] + r)
+                     for n, r in zip(sizes, rows)])
+  kth = jnp.take_along_axis(jnp.sort(table, axis=1), (width - k)[:, None], 1)[:, 0]
+  return jnp.where(jnp.asarray(sizes == 0), 0, kth)
+
+
 def _kth_keys(parts: list[_Part], k: jax.Array, sizes: np.ndarray,
               stats: bool = False):
   """The exact k-th largest key per client (int32 [K]); with `stats`, also the number
-  of counting passes over the update and over compacted columns."""
+  of counting passes over the update and over compacted columns (both 0 when every
+  client has at most `_SORT_UP_TO` entries: one sort then)."""
   num_clients = len(sizes)
   k = jnp.clip(jnp.broadcast_to(jnp.asarray(k, jnp.int32), (num_clients,)), 1,
                jnp.asarray(np.maximum(sizes, 1), jnp.int32))
+  if sizes.max(initial=0) <= _SORT_UP_TO:
+    kth = _sorted_kth(parts, k, sizes)
+    return (kth, {'passes': jnp.int32(0), 'compacted_passes': jnp.int32(0)}) if stats else kth
   none = jnp.zeros(num_clients, bool)
   unknown = jnp.full((num_clients,), -1.0, jnp.float32)
   br = _Bracket(lo=jnp.zeros(num_clients, jnp.int32),
