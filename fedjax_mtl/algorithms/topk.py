@@ -776,9 +776,9 @@ def _timeit(fn: Callable, repeats: int) -> float:
 def bench_top_rho(num_clients: int, sizes: Sequence[int], repeats: int = 3,
                   rho: float = 0.25, baselines: Sequence[str] = ('sort',),
                   seed: int = 0) -> dict:
-  """Seconds of the top-ρ mask and of its threshold alone against the FedAvg
-  aggregation of the same update (`tensordot` of uniform weights over the client
-  axis, per leaf): `num_clients` rows of leaves of `sizes` entries, normal values with
+  """Seconds of the top-ρ mask (float32 0/1, and bool: 1 byte an entry) and of its
+  threshold alone against the FedAvg aggregation of the same update (`tensordot` of
+  uniform weights over the client axis, per leaf): `num_clients` rows of leaves of `sizes` entries, normal values with
   a log-uniform scale per leaf (1e-5..1e-3, like layers that move at different rates).
 
   `baselines`: 'sort' (jnp.sort of each client's concatenated |Δ|, the spec's
@@ -803,12 +803,15 @@ def bench_top_rho(num_clients: int, sizes: Sequence[int], repeats: int = 3,
       'fedavg': lambda w, x: [jnp.tensordot(w, v, axes=1, precision=jax.lax.Precision.HIGHEST)
                               for v in x],
       'mask': lambda w, x: top_rho_mask({'encoder': x}, row_client, num_clients, rho),
+      'mask_bool': lambda w, x: top_rho_mask({'encoder': x}, row_client, num_clients, rho,
+                                             dtype=jnp.bool_),
       'threshold': lambda w, x: _kth_keys(_parts(_views({'encoder': x}, row_client)), k,
                                           np.full(num_clients, d), stats=True),
       'sort': lambda w, x: jnp.sort(flat(x), axis=1)[:, d - k],
       'top_k': lambda w, x: jax.lax.top_k(flat(x), k)[0][:, -1],
   }
-  names = ['fedavg', 'mask', 'threshold'] + [b for b in ('sort', 'top_k') if b in baselines]
+  names = ['fedavg', 'mask', 'mask_bool', 'threshold'] + [b for b in ('sort', 'top_k')
+                                                          if b in baselines]
   out = {'num_clients': num_clients, 'entries_per_client': d, 'leaves': len(sizes),
          'rho': rho}
   for name in names:
