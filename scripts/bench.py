@@ -71,13 +71,6 @@ def peak_memory_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _one_client_group(spec, j):
-  """The group restricted to its j-th client (same slots, same padded heads)."""
-  return dataclasses.replace(
-      spec, client_ids=(spec.client_ids[j],), num_pad=0, task_ids=spec.task_ids[j:j + 1],
-      index_table=spec.index_table[j:j + 1], counts=spec.counts[j:j + 1])
-
-
 def bench_engine(variant: str, repeats: int, algorithm: str = 'fedavg') -> dict:
   cfg = algorithm_config(algorithm, variant)
   exp = train.build(cfg)
@@ -105,8 +98,9 @@ def bench_engine(variant: str, repeats: int, algorithm: str = 'fedavg') -> dict:
   gstate = holder['s'].groups[g]
   key = jax.random.PRNGKey(0)
   rnd = jnp.int32(1)
-  vm = jax.jit(local.make_group_trainer(spec, model, exp.tx, cfg.optim, cfg.batch_size,
-                                        cfg.num_rounds, exp.algorithm, exp.labels[g]))
+  trainer = local.make_group_trainer(spec, model, exp.tx, cfg.optim, cfg.batch_size,
+                                     cfg.num_rounds, exp.algorithm, exp.labels[g])
+  vm = jax.jit(trainer)
   t0 = time.perf_counter()
   vm_c = vm.lower(gstate, data, rnd, key).compile()
   out['group_step_compile_s'] = time.perf_counter() - t0
@@ -114,16 +108,14 @@ def bench_engine(variant: str, repeats: int, algorithm: str = 'fedavg') -> dict:
   run_vm()
   out['group_vmap_s'] = _timeit(run_vm, repeats)
 
-  singles = []
-  for j in range(spec.num_real):
-    sub = _one_client_group(spec, j)
-    fn = jax.jit(local.make_group_trainer(sub, model, exp.tx, cfg.optim, cfg.batch_size,
-                                          cfg.num_rounds, exp.algorithm, exp.labels[g]))
-    sub_state = jax.tree.map(lambda x, j=j: x[j:j + 1], gstate)
-    singles.append((fn, sub_state))
+  # The loop: each client trained alone as its row of the group (`train.rows`: the
+  # same batches, keys and steps), one program for every client.
+  alone = jax.jit(trainer.rows)
+  singles = [(jax.tree.map(lambda x, j=j: x[j:j + 1], gstate), local.group_rows(spec, (j,)))
+             for j in range(spec.num_real)]
 
   def run_loop():
-    res = [fn(s, data, rnd, key) for fn, s in singles]
+    res = [alone(s, data, rnd, key, rows) for s, rows in singles]
     jax.block_until_ready(res)
 
   run_loop()
