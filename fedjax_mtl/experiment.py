@@ -327,14 +327,23 @@ def _with_server(exp: Experiment, groups: list[GroupState], rnd, rng) -> FedStat
   return FedState(round=rnd, rng=rng, groups=groups, server=sstate.shared)
 
 
-def init_program(exp: Experiment):
-  """The jitted round-0 state `(seed, pretrained encoder or None) -> FedState` (one
-  per experiment, so that `compile_programs` and `init_state` share its executable)."""
-  if 'init' not in exp.compiled:
-    init = _init_fn(exp)
+class InitProgram:
+  """The round-0 state `(seed, pretrained encoder or None) -> FedState` as two jitted
+  programs: the models' parameters (`params`: they depend on the models and the
+  federation only, so runs of other algorithms on the same models share its
+  executable through the compilation cache; it is most of the compile time) and the
+  algorithm's states from them (`states`: optimizer, client part, server). Both are
+  created on the mesh: client axes sharded, the rest replicated (no host copy, and in
+  a multi-process run no cross-process check of host values)."""
 
-    def full(seed, enc=None):
-      pb, rnd, rng = init(seed)
+  def __init__(self, exp: Experiment):
+    init = _init_fn(exp)
+    seed = jax.ShapeDtypeStruct((), jnp.uint32)
+    rep, shard = exp.replicated, exp.client_sharding
+    pb, rnd, rng = jax.eval_shape(init, seed)
+    self.params = jax.jit(init, out_shardings=(jax.tree.map(lambda _: shard, pb), rep, rep))
+
+    def states(pb, rnd, rng, enc=None):
       if enc is not None:  # {'params': ..., 'batch_stats': ... (encoders with batch norm)}
         every = lambda t, g: jax.tree.map(
             lambda x: jnp.broadcast_to(x, (g.num_total,) + x.shape), t)
@@ -343,10 +352,26 @@ def init_program(exp: Experiment):
               for (p, b), g in zip(pb, exp.fed.groups)]
       return _with_server(exp, _client_states(exp, pb), rnd, rng)
 
-    # Created on the mesh: client axes sharded, the rest replicated (no host copy,
-    # and in a multi-process run no cross-process check of host values).
-    shapes = jax.eval_shape(full, jax.ShapeDtypeStruct((), jnp.uint32))
-    exp.compiled['init'] = jax.jit(full, out_shardings=_state_shardings(exp, shapes))
+    shapes = jax.eval_shape(states, pb, rnd, rng)
+    self.states = jax.jit(states, out_shardings=_state_shardings(exp, shapes))
+    on = lambda t, sh: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), t)
+    self._states_args = (on(pb, shard), on(rnd, rep), on(rng, rep), None)
+
+  def __call__(self, seed, enc=None) -> FedState:
+    return self.states(*self.params(seed), enc)
+
+  def jobs(self, seed) -> list[tuple[str, Any, tuple]]:
+    """`compile_programs` jobs of both programs (the states program for a run that
+    initialises its encoder, not one that loads a pretrained one)."""
+    return [('init', self.params, (seed,)), ('init states', self.states, self._states_args)]
+
+
+def init_program(exp: Experiment) -> InitProgram:
+  """The round-0 state program (`InitProgram`), one per experiment, so that
+  `compile_programs` and `init_state` share its executables."""
+  if 'init' not in exp.compiled:
+    exp.compiled['init'] = InitProgram(exp)
   return exp.compiled['init']
 
 

@@ -193,8 +193,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     # A finished run only restores its last state and rewrites its reports: no program runs.
     jobs = feed.programs(abstract) if start < total else []
     if not start and not config.model.get('pretrained_path'):
-      jobs.append(('init', experiment.init_program(exp),
-                   (jnp.asarray(config.seed, jnp.uint32), None)))
+      jobs += experiment.init_program(exp).jobs(jnp.asarray(config.seed, jnp.uint32))
     eval_rounds = {r for r in range(1, total + 1) if r % config.eval_every == 0 or r == total}
     # Every eval record of a unified-model run carries its A1 decision.
     record = {} if unified_mode(config) == 'none' else {'unified': unified_mode(config)}
