@@ -399,7 +399,7 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
                         state, _state_shardings(exp, state))
   enc = None
   if pretrained:
-    params, stats = jax.eval_shape(_init_fn(exp), key)[0][0]
+    params, stats = jax.eval_shape(program.params, key)[0][0]
     like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), like)
     enc = load_pretrained_encoder(pretrained, exp.encoder, one)  # one client's shapes

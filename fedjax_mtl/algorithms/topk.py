@@ -778,8 +778,9 @@ def bench_top_rho(num_clients: int, sizes: Sequence[int], repeats: int = 3,
                   seed: int = 0) -> dict:
   """Seconds of the top-ρ mask (float32 0/1, and bool: 1 byte an entry) and of its
   threshold alone against the FedAvg aggregation of the same update (`tensordot` of
-  uniform weights over the client axis, per leaf): `num_clients` rows of leaves of `sizes` entries, normal values with
-  a log-uniform scale per leaf (1e-5..1e-3, like layers that move at different rates).
+  uniform weights over the client axis, per leaf): `num_clients` rows of leaves of
+  `sizes` entries, normal values with a log-uniform scale per leaf (1e-5..1e-3, like
+  layers that move at different rates).
 
   `baselines`: 'sort' (jnp.sort of each client's concatenated |Δ|, the spec's
   pseudo-code) and 'top_k' (lax.top_k, the implementation this replaces); each takes
