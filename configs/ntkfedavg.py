@@ -48,7 +48,7 @@ ablation; clients still start from the server model).
   tasks in `tfds_tasks.TASKS` order (sun397, cars, resisc45, eurosat, svhn, gtsrb,
   mnist, dtd, so MNIST is client 6) on TFDS data with ViT-B/32 + LoRA r = 16 at 224²,
   8 clients, 100 rounds. The spec's CLIP ViT-B/32-256 tower with frozen zero-shot
-  heads is `--config.many.model=clip_vit_b32_256 --config.many.resolution=256
+  heads is `--config.many.model=ViT-B-32-256 --config.many.resolution=256
   --config.many.heads=<npz of scripts/zeroshot_heads.py>`.
 
 Overrides common to both: `ntkfedavg.server_lr` (α), `ntkfedavg.negate` (client ids),

@@ -103,7 +103,7 @@ def deeplab_task(resolution: int = 512, batch: int = 16, dtype=jnp.bfloat16,
 
 
 def clip_task(resolution: int = 224, batch: int = 32, dtype=jnp.bfloat16, remat: bool = False,
-              linear: bool = False, classes: int = 10, model: str = 'clip_vit_b32') -> Task:
+              linear: bool = False, classes: int = 10, model: str = 'ViT-B-32-quickgelu') -> Task:
   """Benchmark B (NTKFedAvg spec §1.3): the whole CLIP ViT-B/32 image tower trained
   under a frozen zero-shot head (100 · normalise(z) @ W), AdamW, batch 32."""
   from fedjax_mtl.models import vit, zeroshot
@@ -294,7 +294,7 @@ def bench_ntk_step(repeats: int = 3, deeplab=(512, 16), clip=(224, 32), dtype=jn
 
 
 def bench_ntk_alpha(repeats: int = 3, batch: int = 32, grid: int = 20, resolution: int = 224,
-                    model: str = 'clip_vit_b32', dtype=jnp.float32) -> dict:
+                    model: str = 'ViT-B-32-quickgelu', dtype=jnp.float32) -> dict:
   """The server-α grid (NTKFedAvg A.3) on one validation batch: `ntkfedavg.alpha_sweep`
   (one `jax.linearize` + one JVP, then the frozen zero-shot head per α) against
   `grid` plain forwards f(x; c + α·τ) of the CLIP tower (NTKFedAvg issue target:

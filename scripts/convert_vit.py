@@ -4,8 +4,14 @@ Examples::
 
   python scripts/convert_vit.py --model vit_b32 --out vit_b32_in21k.npz \\
       --src B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0.npz
-  python scripts/convert_vit.py --src open_clip_pytorch_model.bin --model clip_vit_b32_256 \\
+  python scripts/convert_vit.py --src open_clip_pytorch_model.bin --model ViT-B-32-256 \\
       --out clip_vit_b32_256.npz
+
+CLIP towers are named as OpenCLIP names them, which says their activation (a
+state dict does not): ``ViT-B-32`` and ``ViT-B-32-256`` use the exact GELU,
+``ViT-B-32-quickgelu`` QuickGELU (the OpenAI weights). The output records the
+activation and model name; loading it into a model with another activation is
+an error.
 
 The layout is detected from the keys (``--source`` to force it); the output
 holds the backbone params ('/'-joined keys, float32) and loads with
@@ -39,8 +45,9 @@ def _convert(args: argparse.Namespace) -> str:
   kwargs = {} if args.num_classes is None else {'num_classes': args.num_classes}
   model = vit.get_model(args.model, **kwargs)
   params = convert_vit.load_vit(args.src, model, source=args.source,
-                                keep_head=args.num_classes is not None)
-  convert_vit.save_npz(params, args.out)
+                                keep_head=args.num_classes is not None,
+                                activation=args.activation)
+  convert_vit.save_npz(params, args.out, model=args.model)
   return f'wrote {args.out}: {convert_vit.count_params(params):,} params for {args.model}'
 
 
@@ -57,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--num-classes', type=int, default=None,
                       help="keep the checkpoint's classifier with this many classes "
                            '(default: backbone only)')
+  parser.add_argument('--activation', default=None, choices=vit.ACTIVATIONS,
+                      help="the activation the checkpoint's weights were trained with, for a "
+                           'CLIP tower not named as OpenCLIP names it (must be the model\'s)')
   parser.add_argument('--force', action='store_true', help='overwrite an existing --out')
   args = parser.parse_args(argv)
   try:

@@ -135,8 +135,9 @@ def _ref_timm(sd, img):
   return feat, feat @ p['head.weight'].T + p['head.bias']
 
 
-def _ref_openclip(sd, img):
-  """OpenCLIP image tower forward (QuickGELU) in float64; ``sd`` without the ``visual.`` prefix."""
+def _ref_openclip(sd, img, quick_gelu=True):
+  """OpenCLIP image tower forward in float64 (QuickGELU, or the exact GELU); ``sd`` without
+  the ``visual.`` prefix."""
   p = {k: np.asarray(v, np.float64) for k, v in sd.items()}
   x = _conv_tokens(img.astype(np.float64), p['conv1.weight'])
   x = np.concatenate([np.broadcast_to(p['class_embedding'], (len(x), 1, D)), x], 1)
@@ -147,7 +148,7 @@ def _ref_openclip(sd, img):
     x = x + _torch_attention(y, t('attn.in_proj_weight'), t('attn.in_proj_bias'),
                              t('attn.out_proj.weight'), t('attn.out_proj.bias'))
     y = _ln(x, t('ln_2.weight'), t('ln_2.bias'), 1e-5) @ t('mlp.c_fc.weight').T + t('mlp.c_fc.bias')
-    y = y / (1 + np.exp(-1.702 * y))
+    y = y / (1 + np.exp(-1.702 * y)) if quick_gelu else 0.5 * y * (1 + erf(y / np.sqrt(2)))
     x = x + y @ t('mlp.c_proj.weight').T + t('mlp.c_proj.bias')
   return _ln(x[:, 0], p['ln_post.weight'], p['ln_post.bias'], 1e-5) @ p['proj']
 
@@ -253,14 +254,54 @@ def test_openclip_matches_numpy_reference():
   want = _ref_openclip(tower, img)
   full = {'visual.' + k: v for k, v in tower.items()}
   full.update(_random(TEXT_TOWER, 3))  # the text tower is ignored
-  params = cv.convert_openclip(full, 'clip_tiny_test')
+  params = cv.convert_openclip(full, 'clip_tiny_test', activation='quick_gelu')
   emb, logits = _fwd(CLIP)(params, img)
   assert logits is None
   _assert_close(emb, want)
   # The same tower without the prefix, and behind DistributedDataParallel's 'module.'.
-  _assert_trees_equal(cv.convert_openclip(tower, CLIP), params)
-  _assert_trees_equal(cv.convert_openclip({'module.' + k: v for k, v in full.items()}, CLIP),
-                      params)
+  _assert_trees_equal(cv.convert_openclip(tower, CLIP, activation='quick_gelu'), params)
+  _assert_trees_equal(cv.convert_openclip({'module.' + k: v for k, v in full.items()}, CLIP,
+                                          activation='quick_gelu'), params)
+
+
+def test_an_openclip_checkpoint_loads_only_into_its_own_activation(tmp_path):
+  # Exact-GELU weights (OpenCLIP 'ViT-B-32', not '-quickgelu'): a state dict does not say
+  # which activation it was trained with, and the QuickGELU tower would run it 'fine'.
+  tower = {'visual.' + k: v for k, v in _random(_openclip_shapes(), 13).items()}
+  np.savez(tmp_path / 'clip.npz', **tower)
+  img = _images(13)
+  want = _ref_openclip({k[len('visual.'):]: v for k, v in tower.items()}, img, quick_gelu=False)
+  gelu = vit.clip_tiny_test(quick_gelu=False)
+  _assert_close(_fwd(gelu)(cv.load_vit(tmp_path / 'clip.npz', gelu, activation='gelu'), img)[0],
+                want)
+  wrong = _fwd(CLIP)(cv.convert_openclip(tower, CLIP, activation='quick_gelu'), img)[0]
+  assert np.abs(np.asarray(wrong) - want).max() > 1e-2 * np.abs(want).max()  # what went unseen
+  # Nothing said: one line asking for the OpenCLIP name or the activation.
+  msg = _error(cv.load_vit, tmp_path / 'clip.npz', CLIP)
+  assert msg.startswith('an OpenCLIP state dict does not record its activation')
+  assert "'ViT-B-32-quickgelu'" in msg and "activation='gelu'" in msg
+  # Said, but not the model's: one line naming both.
+  msg = _error(cv.load_vit, tmp_path / 'clip.npz', CLIP, activation='gelu')
+  assert "activation 'gelu'" in msg and "uses 'quick_gelu'" in msg
+  # OpenCLIP's names say it; the check comes before any array is read.
+  msg = _error(cv.convert_openclip, tower, 'ViT-B-32-quickgelu', activation='gelu')
+  assert "uses 'quick_gelu'; use model 'ViT-B-32'" in msg
+  assert 'does not match' in _error(cv.convert_openclip, tower, 'ViT-B-32')  # shapes, not the act
+  # A converted file records the activation and the model; loading checks them.
+  cv.save_npz(cv.convert_openclip(tower, gelu, activation='gelu'), tmp_path / 'gelu.npz',
+              model=gelu)
+  assert vit.npz_meta(str(tmp_path / 'gelu.npz'))['activation'] == 'gelu'
+  _assert_close(_fwd(gelu)(cv.load_vit(tmp_path / 'gelu.npz', gelu), img)[0], want)
+  msg = _error(cv.load_vit, tmp_path / 'gelu.npz', CLIP)
+  assert msg.startswith("the augreg checkpoint holds weights trained with activation 'gelu' "
+                        '(CLIPVisionTower(')
+  assert "uses 'quick_gelu'" in msg
+  assert 'records' in _error(cv.load_vit, tmp_path / 'gelu.npz', gelu, activation='quick_gelu')
+  # A converted CLIP file from before activations were recorded: said again, or refused.
+  cv.save_npz(cv.convert_openclip(tower, gelu, activation='gelu'), tmp_path / 'old.npz')
+  assert 'convert the checkpoint again' in _error(cv.load_vit, tmp_path / 'old.npz', gelu)
+  _assert_trees_equal(cv.load_vit(tmp_path / 'old.npz', gelu, activation='gelu'),
+                      cv.load_vit(tmp_path / 'gelu.npz', gelu))
 
 
 def test_round_trips(tmp_path):
@@ -272,18 +313,17 @@ def test_round_trips(tmp_path):
   assert set(cv.to_timm(cv.convert_timm(sd, VIT))) == set(sd) - {'head.weight', 'head.bias'}
 
   tower = {'visual.' + k: v for k, v in _random(_openclip_shapes(), 5).items()}
-  back = cv.to_openclip(cv.convert_openclip(tower, CLIP))
+  clip_params = cv.convert_openclip(tower, CLIP, activation='quick_gelu')
+  back = cv.to_openclip(clip_params)
   assert back.keys() == tower.keys()
   for k in tower:
     np.testing.assert_array_equal(back[k], tower[k], err_msg=k)
-  assert set(cv.to_openclip(cv.convert_openclip(tower, CLIP), prefix='')) == {
-      k[len('visual.'):] for k in tower}
+  assert set(cv.to_openclip(clip_params, prefix='')) == {k[len('visual.'):] for k in tower}
 
   # save_npz -> vit.load_npz and load_vit (detected as the Flax/augreg layout), both towers.
-  for params, model in ((cv.convert_timm(sd, VIT, keep_head=True), VIT),
-                        (cv.convert_openclip(tower, CLIP), CLIP)):
+  for params, model in ((cv.convert_timm(sd, VIT, keep_head=True), VIT), (clip_params, CLIP)):
     path = tmp_path / f'{type(model).__name__}.npz'
-    cv.save_npz(params, path)
+    cv.save_npz(params, path, model=model)
     assert not any('.tmp' in f for f in os.listdir(tmp_path))
     _assert_trees_equal(vit.load_npz(path), params)
     _assert_trees_equal(cv.load_vit(path, model, keep_head=model is VIT), params)
@@ -299,7 +339,8 @@ def test_load_vit_reads_every_layout(tmp_path):
                       cv.convert_timm(sd, 'vit_tiny_test'))
   tower = {'visual.' + k: v for k, v in _random(_openclip_shapes(), 7).items()}
   np.savez(tmp_path / 'clip.npz', **tower)
-  _assert_trees_equal(cv.load_vit(tmp_path / 'clip.npz', CLIP), cv.convert_openclip(tower, CLIP))
+  _assert_trees_equal(cv.load_vit(tmp_path / 'clip.npz', CLIP, activation='quick_gelu'),
+                      cv.convert_openclip(tower, CLIP, activation='quick_gelu'))
   assert 'no classification head' in _error(cv.load_vit, tmp_path / 'clip.npz', CLIP,
                                             keep_head=True)
   assert 'does not exist' in _error(cv.load_vit, tmp_path / 'nope.npz', CLIP)
@@ -347,7 +388,7 @@ def test_unknown_and_missing_keys_one_line():
   tower = {'visual.' + k: v for k, v in _random(_openclip_shapes(), 9).items()}
   tower['bogus.weight'] = np.zeros(1, np.float32)  # neither tower: not silently dropped
   del tower['visual.ln_post.bias']
-  msg = _error(cv.convert_openclip, tower, CLIP)
+  msg = _error(cv.convert_openclip, tower, CLIP, activation='quick_gelu')
   assert "1 unknown key(s): bogus.weight" in msg and '1 missing key(s): ln_post.bias' in msg
 
   augreg = _augreg_from_timm(_random(_timm_shapes(), 9))
@@ -371,14 +412,16 @@ def test_shape_mismatch_names_key_and_shapes():
   assert "'head.bias': checkpoint (5,) vs model (7,)" in msg
   tower = _random(_openclip_shapes(), 10)
   tower['proj'] = np.zeros((D, 8), np.float32)
-  assert "'proj': checkpoint (32, 8) vs model (32, 16)" in _error(cv.convert_openclip, tower, CLIP)
+  assert "'proj': checkpoint (32, 8) vs model (32, 16)" in _error(
+      cv.convert_openclip, tower, CLIP, activation='quick_gelu')
 
 
 def test_model_and_option_errors():
   sd = _random(_timm_shapes(), 11)
   assert 'converts to a VisionTransformer' in _error(cv.convert_timm, sd, 'clip_tiny_test')
   tower = _random(_openclip_shapes(), 11)
-  assert 'converts to a CLIPVisionTower' in _error(cv.convert_openclip, tower, VIT)
+  assert 'converts to a CLIPVisionTower' in _error(cv.convert_openclip, tower, VIT,
+                                                  activation='gelu')
   assert 'num_classes' in _error(cv.convert_timm, sd, 'vit_tiny_test', keep_head=True)
   assert "unknown ViT model 'vit_huge'" in _error(cv.convert_timm, sd, 'vit_huge')
   lora = vit.add_adapters(cv.convert_timm(sd, 'vit_tiny_test'), rank=2)
@@ -451,6 +494,15 @@ def test_cli_writes_loadable_file_and_refuses_bad_input(tmp_path, capsys):
   assert 'must end in .npz' in _error_line(capsys)
   assert sorted(os.listdir(tmp_path)) == ['bad.npz', 'garbage.npz', 'model.h5', 'out.npz',
                                          'timm.npz']
+
+  # An OpenCLIP state dict: the activation is said (here with --activation), and recorded.
+  np.savez(tmp_path / 'clip.npz', **{'visual.' + k: v
+                                     for k, v in _random(_openclip_shapes(), 12).items()})
+  argv = ['--src', str(tmp_path / 'clip.npz'), '--model', 'clip_tiny_test', '--out', str(new)]
+  assert cli.main(argv) == 2
+  assert 'does not record its activation' in _error_line(capsys) and not new.exists()
+  assert cli.main(argv + ['--activation', 'quick_gelu']) == 0
+  assert vit.npz_meta(str(new)) == {'activation': 'quick_gelu', 'model': 'clip_tiny_test'}
 
 
 # ---------------------------------------------------------------------------

@@ -233,6 +233,27 @@ def test_backbone_of_another_model_is_refused(tmp_path):
   assert '\n' not in str(e.value)
 
 
+def test_a_clip_backbone_loads_only_into_the_activation_it_was_trained_with(tmp_path):
+  from fedjax_mtl.manytask import pretrain
+  from fedjax_mtl.models import convert_vit, vit
+  cfg = tiny(**{'many.model': 'clip_tiny_test', 'many.resolution': 32}).many
+  like = vit.init_params(vit.clip_tiny_test(), jax.random.PRNGKey(0))
+  gelu = vit.clip_tiny_test(quick_gelu=False)  # exact-GELU weights (OpenCLIP 'ViT-B-32')
+  convert_vit.save_npz(jax.device_get(like), tmp_path / 'gelu.npz', model=gelu)
+  cfg.pretrained = str(tmp_path / 'gelu.npz')
+  with pytest.raises(ConfigError, match=r"activation 'gelu' .* model 'clip_tiny_test' uses "
+                     r"'quick_gelu'") as e:
+    pretrain.load_backbone(cfg, like)
+  assert '\n' not in str(e.value)
+  convert_vit.save_npz(jax.device_get(like), tmp_path / 'quick.npz', model='clip_tiny_test')
+  cfg.pretrained = str(tmp_path / 'quick.npz')
+  assert jax.tree.structure(pretrain.load_backbone(cfg, like)) == jax.tree.structure(like)
+  np.savez(tmp_path / 'bare.npz', **vit.flatten_params(jax.device_get(like)))  # nothing recorded
+  cfg.pretrained = str(tmp_path / 'bare.npz')
+  with pytest.raises(ConfigError, match='does not record the activation'):
+    pretrain.load_backbone(cfg, like)
+
+
 def test_classification_tasks_in_the_task_registry():
   from fedjax_mtl import tasks
   mini = tasks.classification_tasks('mini8')

@@ -208,8 +208,9 @@ def test_parameter_counts_of_base_models():
   assert counts(vit.vit_b32()) == {'backbone': 87_455_232, 'adapter': 0, 'head': 0}
   assert counts(vit.vit_b32(lora_rank=16, num_classes=10)) == {
     'backbone': 87_455_232, 'adapter': 589_824, 'head': 7_690}
-  assert vit.count_adapter_params(vit.param_shapes(vit.clip_vit_b32(lora_rank=16))) == 589_824
-  assert counts(vit.clip_vit_b32())['backbone'] == 87_849_216  # OpenAI CLIP ViT-B/32 visual
+  clip = vit.get_model('ViT-B-32-quickgelu', lora_rank=16)
+  assert vit.count_adapter_params(vit.param_shapes(clip)) == 589_824
+  assert counts(clip)['backbone'] == 87_849_216  # OpenAI CLIP ViT-B/32 visual
   assert counts(vit.vit_b16())['backbone'] == 85_798_656  # timm vit_base_patch16_224 minus fc
 
 
@@ -332,5 +333,9 @@ def test_errors():
     vit.get_model('vit_h14')
   with pytest.raises(ValueError, match='lora_rank must be >= 0'):
     vit.param_shapes(vit.vit_tiny_test(lora_rank=-1))
-  assert vit.get_model('clip_vit_b32_256').image_size == 256
-  assert not vit.get_model('clip_vit_b32_256').quick_gelu
+  # CLIP towers are named as OpenCLIP names them; the name says the activation.
+  assert vit.get_model('ViT-B-32-256').image_size == 256
+  assert [vit.activation(vit.get_model(m)) for m in vit.OPENCLIP_MODELS] == [
+      'gelu', 'quick_gelu', 'gelu']
+  with pytest.raises(TypeError, match='quick_gelu'):  # no silent default activation
+    vit.clip_vit_b32()

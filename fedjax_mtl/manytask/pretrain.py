@@ -104,11 +104,13 @@ def warmup(cfg) -> dict:
   return jax.device_get(backbone)
 
 
-def _save(path: str, backbone: dict) -> None:
+def _save(path: str, backbone: dict, model: str) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fd, tmp = tempfile.mkstemp(suffix='.npz', dir=os.path.dirname(path))
   os.close(fd)
-  np.savez(tmp, **{k: np.asarray(v) for k, v in vit.flatten_params(backbone).items()})
+  np.savez(tmp, **{k: np.asarray(v) for k, v in vit.flatten_params(backbone).items()},
+           **{vit.META_PREFIX + 'activation': np.asarray(vit.activation(vit.get_model(model))),
+              vit.META_PREFIX + 'model': np.asarray(model)})
   os.replace(tmp, path)
 
 
@@ -119,9 +121,12 @@ def load_backbone(cfg, like: dict) -> dict:
   if cfg.pretrained == 'warmup':
     path = warmup_path(cfg)
     if not os.path.exists(path):
-      _save(path, warmup(cfg))
+      _save(path, warmup(cfg), cfg.model)
   else:
     path = cfg.pretrained  # checked to be a file by run.check
+  # The file's recorded activation must be the model's (a CLIP tower's must be recorded).
+  vit.check_activation(vit.get_model(cfg.model), vit.npz_meta(path), f'backbone {path}',
+                       repr(cfg.model))
   flat = {k: v for k, v in vit.flatten_params(vit.load_npz(path)).items()
           if not k.startswith(vit.HEAD_NAME + '/')}
   want = vit.flatten_params(like)

@@ -235,13 +235,15 @@ def _strip_module(state_dict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _convert(named: Mapping[str, tuple[str, Any]], model: str | nn.Module, source: str,
-             keep_head: bool) -> Params:
-  """``named``: model-side key -> (key as in the file, array); validated, laid out for Flax."""
+             keep_head: bool, meta: Mapping[str, str]) -> Params:
+  """``named``: model-side key -> (key as in the file, array); validated, laid out for Flax.
+  ``meta``: what is known of the weights (``activation``), checked against the model."""
   module, model_name = _resolve_model(model)
   want_cls = _MODEL_OF.get(source)
   if want_cls is not None and not isinstance(module, want_cls):
     raise ConfigError(f'a {source} checkpoint converts to a {want_cls.__name__}, not to '
                       f'{model_name}')
+  vit.check_activation(module, meta, f'the {source} checkpoint', repr(model_name))
   if keep_head and getattr(module, 'num_classes', None) is None:
     raise ConfigError(f'keep_head needs a model with num_classes set; {model_name} has no head')
   shapes = {path: s for path, s in vit.flatten_params(vit.param_shapes(module)).items()
@@ -281,39 +283,76 @@ def _heads_checked(sd: dict[str, Any], head_prefix: str, pre_logits: re.Pattern,
           and (keep_head or not k.startswith(head_prefix))}
 
 
+def _stated(meta: Mapping[str, str], activation: str | None, source: str) -> dict[str, str]:
+  """The weights' metadata with the caller's ``activation`` (which must agree with a
+  recorded one)."""
+  meta = dict(meta)
+  if activation is not None:
+    check_choice('activation', activation, vit.ACTIVATIONS)
+    if meta.get('activation', activation) != activation:
+      raise ConfigError(f'activation={activation!r}, but the {source} checkpoint records '
+                        f'{meta["activation"]!r}')
+    meta['activation'] = activation
+  return meta
+
+
 def convert_augreg(npz_dict: Mapping[str, Any], model: str | nn.Module, *,
-                   keep_head: bool = False) -> Params:
+                   keep_head: bool = False, activation: str | None = None) -> Params:
   """A ``'/'``-keyed ``vit_jax``/AugReg (or converted) checkpoint -> backbone params of ``model``.
 
   ``model`` is a name in :data:`vit.MODELS <fedjax_mtl.models.vit.MODELS>` or a
   module. ``head/*`` is dropped unless ``keep_head``; ``pre_logits/*`` always.
+  A converted file's recorded activation (``__meta__/activation``) must be the
+  model's; a CLIP tower needs it recorded, or stated as ``activation``.
   """
-  sd = _heads_checked(dict(npz_dict), vit.HEAD_NAME + '/', _AUGREG_IGNORED, keep_head)
-  return _convert({k: (k, v) for k, v in sd.items()}, model, 'augreg', keep_head)
+  sd = dict(npz_dict)
+  meta = {k[len(vit.META_PREFIX):]: str(np.asarray(sd.pop(k))) for k in list(sd)
+          if k.startswith(vit.META_PREFIX)}
+  sd = _heads_checked(sd, vit.HEAD_NAME + '/', _AUGREG_IGNORED, keep_head)
+  return _convert({k: (k, v) for k, v in sd.items()}, model, 'augreg', keep_head,
+                  _stated(meta, activation, 'augreg'))
 
 
 def convert_timm(state_dict: Mapping[str, Any], model: str | nn.Module, *,
-                 keep_head: bool = False) -> Params:
+                 keep_head: bool = False, activation: str | None = None) -> Params:
   """A timm ``VisionTransformer`` state dict -> backbone params of a ViT in the AugReg layout.
 
-  ``head.*`` is dropped unless ``keep_head``; ``pre_logits.*`` always.
+  ``head.*`` is dropped unless ``keep_head``; ``pre_logits.*`` always. timm's ViTs
+  use the exact GELU; ``activation`` (if given) must be the model's.
   """
   sd = _heads_checked(_strip_module(state_dict), 'head.', _TIMM_IGNORED, keep_head)
-  return _convert({k: (k, v) for k, v in sd.items()}, model, 'timm', keep_head)
+  return _convert({k: (k, v) for k, v in sd.items()}, model, 'timm', keep_head,
+                  _stated({}, activation, 'timm'))
 
 
-def convert_openclip(state_dict: Mapping[str, Any], model: str | nn.Module) -> Params:
-  """An OpenCLIP / OpenAI CLIP state dict (whole model or image tower) -> CLIP tower params."""
+def convert_openclip(state_dict: Mapping[str, Any], model: str | nn.Module, *,
+                     activation: str | None = None) -> Params:
+  """An OpenCLIP / OpenAI CLIP state dict (whole model or image tower) -> CLIP tower params.
+
+  A state dict does not record its activation, so it must be said: by naming the
+  model as OpenCLIP does (``'ViT-B-32'``: exact GELU; ``'ViT-B-32-quickgelu'``:
+  QuickGELU, the OpenAI weights; ``vit.OPENCLIP_MODELS``), or by ``activation``
+  (``'gelu'`` or ``'quick_gelu'``), which must then be the model's.
+  """
+  if activation is None and isinstance(model, str) and model in vit.OPENCLIP_MODELS:
+    activation = vit.activation(vit.get_model(model))
+  if activation is None:
+    raise ConfigError(
+        'an OpenCLIP state dict does not record its activation; name the model as OpenCLIP '
+        "does ('ViT-B-32': exact GELU; 'ViT-B-32-quickgelu': QuickGELU, the OpenAI weights; "
+        + ', '.join(repr(m) for m in vit.OPENCLIP_MODELS)
+        + ") or pass activation='gelu' or 'quick_gelu'")
   sd = _strip_module(state_dict)
+  meta = _stated({}, activation, 'openclip')
   if not any(k.startswith('visual.') for k in sd):
-    return _convert({k: (k, v) for k, v in sd.items()}, model, 'openclip', False)
+    return _convert({k: (k, v) for k, v in sd.items()}, model, 'openclip', False, meta)
   named = {}
   for key, value in sd.items():
     if key.startswith('visual.'):
       named[key[len('visual.'):]] = (key, value)
     elif not _TEXT_TOWER.fullmatch(key):
       named[key] = (key, value)  # neither image nor text tower: reported as unknown
-  return _convert(named, model, 'openclip', False)
+  return _convert(named, model, 'openclip', False, meta)
 
 
 CONVERTERS: dict[str, Callable[..., Params]] = {
@@ -339,11 +378,14 @@ def detect(keys: Iterable[str]) -> str:
 
 
 def load_vit(path: str | os.PathLike, model: str | nn.Module, *, source: str = 'auto',
-             keep_head: bool = False) -> Params:
+             keep_head: bool = False, activation: str | None = None) -> Params:
   """Read a checkpoint (.npz/.safetensors/.pth) and convert it to backbone params of ``model``.
 
   ``source='auto'`` detects the layout (:func:`detect`). OpenCLIP checkpoints
   have no classifier to keep (zero-shot heads: :mod:`fedjax_mtl.models.zeroshot`).
+  The weights' activation must be the model's: an OpenCLIP state dict's is said by
+  an OpenCLIP model name or ``activation`` (:func:`convert_openclip`); a converted
+  ``.npz`` records it (:func:`save_npz`); a mismatch is one ConfigError line.
   """
   path = os.fspath(path)
   if not os.path.exists(path):
@@ -358,8 +400,8 @@ def load_vit(path: str | os.PathLike, model: str | nn.Module, *, source: str = '
   if source == 'openclip':
     if keep_head:
       raise ConfigError('keep_head: an OpenCLIP checkpoint has no classification head')
-    return convert_openclip(sd, model)
-  return CONVERTERS[source](sd, model, keep_head=keep_head)
+    return convert_openclip(sd, model, activation=activation)
+  return CONVERTERS[source](sd, model, keep_head=keep_head, activation=activation)
 
 
 # ---------------------------------------------------------------------------
@@ -395,10 +437,20 @@ def to_openclip(params: Mapping[str, Any], prefix: str = 'visual.') -> dict[str,
   return {prefix + k: v for k, v in _to_state_dict(params, 'openclip').items()}
 
 
-def save_npz(params: Mapping[str, Any], path: str | os.PathLike) -> None:
-  """Write params as the ``'/'``-keyed ``.npz`` :func:`vit.load_npz` reads (never half-written)."""
+def save_npz(params: Mapping[str, Any], path: str | os.PathLike,
+             model: str | nn.Module | None = None) -> None:
+  """Write params as the ``'/'``-keyed ``.npz`` :func:`vit.load_npz` reads (never half-written).
+
+  With ``model`` (a name or module), its activation and name are recorded
+  (``__meta__/activation``, ``__meta__/model``): loading checks them
+  (:func:`vit.check_activation`).
+  """
   path = os.fspath(path)
   flat = {k: np.asarray(v) for k, v in vit.flatten_params(params).items()}
+  if model is not None:
+    module, name = _resolve_model(model)
+    flat[vit.META_PREFIX + 'activation'] = np.asarray(vit.activation(module))
+    flat[vit.META_PREFIX + 'model'] = np.asarray(name)
   tmp = f'{path}.tmp{os.getpid()}'
   try:
     with open(tmp, 'wb') as f:

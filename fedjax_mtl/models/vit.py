@@ -26,7 +26,7 @@ the feature. (``vit_jax`` itself uses flax's default tanh-approximate
 ``nn.gelu``; ``approximate_gelu=True`` reproduces it bit for bit, the default
 follows timm/HF, which run the same checkpoints with the exact GELU.)
 
-**CLIP image tower** (:class:`CLIPVisionTower`, ``clip_vit_b32``): OpenAI CLIP /
+**CLIP image tower** (:class:`CLIPVisionTower`, ``ViT-B-32``): OpenAI CLIP /
 OpenCLIP ``VisionTransformer`` semantics (conv1 without bias, class and
 positional embeddings, ``ln_pre``, pre-LN residual blocks, ``ln_post`` on the
 class token, ``@ proj`` without bias; LayerNorm eps 1e-5). Flax names and the
@@ -49,11 +49,13 @@ mapping from an OpenCLIP ``visual.*`` state dict (``H`` heads, ``hd = D/H``)::
   proj [D, E]                      proj (already [D, E]: CLIP computes x @ proj)
 
 The q/k/v projections are kept separate (PyTorch fuses them in ``in_proj``) so
-LoRA on q and v is a plain per-projection adapter. The activation is QuickGELU
-(``x * sigmoid(1.702 x)``, OpenAI checkpoints); OpenCLIP models trained without
-``-quickgelu`` (e.g. ``ViT-B-32-256`` on DataComp, NTKFedAvg's backbone:
-``clip_vit_b32_256``) use the exact GELU: ``quick_gelu=False``. The tower
-returns the projected (not normalised) embedding; zero-shot heads normalise it.
+LoRA on q and v is a plain per-projection adapter. The activation is part of the
+model's name, spelled as OpenCLIP does (``OPENCLIP_MODELS``): QuickGELU
+(``x * sigmoid(1.702 x)``) for ``ViT-B-32-quickgelu`` (the OpenAI weights), the
+exact GELU for ``ViT-B-32`` and ``ViT-B-32-256`` (DataComp, NTKFedAvg's backbone).
+State dicts do not record it; converted ``.npz`` files do (``__meta__/activation``,
+checked on loading: :func:`check_activation`). The tower returns the projected
+(not normalised) embedding; zero-shot heads normalise it.
 
 **LoRA** (MaTU spec §4): with ``lora_rank = r > 0`` the query and value
 projections of every block get ``y = W x + b + (alpha / r) B A x``
@@ -80,6 +82,7 @@ statistics and softmax stay float32.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -89,7 +92,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl.errors import check_choice
+from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.models.swin import LayerNorm, gelu, matmul, softmax
 
 Dtype = Any
@@ -503,23 +506,31 @@ def vit_tiny_test(**kwargs: Any) -> VisionTransformer:
   return VisionTransformer(**{**cfg, **kwargs})
 
 
-def clip_vit_b32(**kwargs: Any) -> CLIPVisionTower:
-  """OpenAI CLIP ViT-B/32 image tower at 224, QuickGELU (87,849,216 params)."""
+def clip_vit_b32(*, quick_gelu: bool, **kwargs: Any) -> CLIPVisionTower:
+  """CLIP ViT-B/32 image tower at 224 (87,849,216 params). ``quick_gelu`` must be said:
+  True for the OpenAI weights and OpenCLIP's ``-quickgelu`` models, False for OpenCLIP
+  models trained with the exact GELU (``MODELS`` names them as OpenCLIP does)."""
   cfg = dict(patch_size=32, width=768, depth=12, num_heads=12, mlp_dim=3072, output_dim=512)
-  return CLIPVisionTower(**{**cfg, **kwargs})
-
-
-def clip_vit_b32_256(**kwargs: Any) -> CLIPVisionTower:
-  """OpenCLIP ``ViT-B-32-256`` image tower (DataComp; 256 px, exact GELU): NTKFedAvg's CLIP."""
-  return clip_vit_b32(**{'image_size': 256, 'quick_gelu': False, **kwargs})
+  return CLIPVisionTower(**{**cfg, 'quick_gelu': quick_gelu, **kwargs})
 
 
 def clip_tiny_test(**kwargs: Any) -> CLIPVisionTower:
-  """Unit-test CLIP tower: 32x32 input, patch 8, width 32, depth 2, 2 heads, embed 16."""
+  """Unit-test CLIP tower: 32x32 input, patch 8, width 32, depth 2, 2 heads, embed 16
+  (QuickGELU unless ``quick_gelu=False``)."""
   cfg = dict(patch_size=8, width=32, depth=2, num_heads=2, mlp_dim=64, output_dim=16,
              image_size=32)
   return CLIPVisionTower(**{**cfg, **kwargs})
 
+
+# CLIP towers by their OpenCLIP model names, which say the activation: OpenCLIP spells
+# QuickGELU models '-quickgelu' (the OpenAI weights are 'ViT-B-32-quickgelu'); a state
+# dict does not record it (`convert_vit.load_vit`).
+OPENCLIP_MODELS: dict[str, Callable[..., CLIPVisionTower]] = {
+  'ViT-B-32': functools.partial(clip_vit_b32, quick_gelu=False),
+  'ViT-B-32-quickgelu': functools.partial(clip_vit_b32, quick_gelu=True),
+  # NTKFedAvg's CLIP (DataComp, 256 px)
+  'ViT-B-32-256': functools.partial(clip_vit_b32, quick_gelu=False, image_size=256),
+}
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
   'vit_b32': vit_b32,
@@ -527,14 +538,20 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
   'vit_small': vit_small,
   'vit_micro': vit_micro,
   'vit_tiny_test': vit_tiny_test,
-  'clip_vit_b32': clip_vit_b32,
-  'clip_vit_b32_256': clip_vit_b32_256,
+  **OPENCLIP_MODELS,
   'clip_tiny_test': clip_tiny_test,
 }
 
 
+def activation(model: nn.Module) -> str:
+  """The MLP activation of a ViT or CLIP tower, one of ``ACTIVATIONS``."""
+  if isinstance(model, CLIPVisionTower):
+    return 'quick_gelu' if model.quick_gelu else 'gelu'
+  return 'gelu_tanh' if model.approximate_gelu else 'gelu'
+
+
 def get_model(name: str, **kwargs: Any) -> nn.Module:
-  """Build a ViT / CLIP tower by name (``vit_b32``, ``clip_vit_b32``, ...)."""
+  """Build a ViT / CLIP tower by name (``vit_b32``, ``ViT-B-32``, ...)."""
   check_choice('ViT model', name, MODELS)
   return MODELS[name](**kwargs)
 
@@ -661,21 +678,62 @@ def unflatten_params(flat: Mapping[str, Any], sep: str = '/') -> dict:
   return tree
 
 
+# Keys of a converted ``.npz`` that describe it rather than hold params (strings):
+# ``__meta__/activation`` (one of ``ACTIVATIONS``) and ``__meta__/model``.
+META_PREFIX = '__meta__/'
+
+
 def load_npz(path: str) -> dict:
-  """A ``vit_jax``/AugReg ``.npz`` checkpoint as a params tree (float32 NumPy leaves).
+  """A ``vit_jax``/AugReg ``.npz`` checkpoint as a params tree (float32 NumPy leaves),
+  without its metadata (:func:`npz_meta`).
 
   Drop ``'head'`` when fine-tuning with another number of classes.
   """
   with np.load(path) as data:
-    return unflatten_params({k: np.asarray(data[k], np.float32) for k in data.files})
+    return unflatten_params({k: np.asarray(data[k], np.float32) for k in data.files
+                             if not k.startswith(META_PREFIX)})
+
+
+def npz_meta(path: str) -> dict[str, str]:
+  """The metadata a converted ``.npz`` records (``{'activation': ..., 'model': ...}``;
+  empty for files written without it, e.g. the public AugReg checkpoints)."""
+  with np.load(path) as data:
+    return {k[len(META_PREFIX):]: str(data[k]) for k in data.files if k.startswith(META_PREFIX)}
+
+
+def check_activation(model: nn.Module, meta: Mapping[str, str], where: str,
+                     model_name: str = '') -> None:
+  """ConfigError (one line) unless weights whose metadata is ``meta`` suit ``model``'s
+  activation. A CLIP tower needs the activation recorded: its state dicts do not say
+  whether they were trained with QuickGELU or the exact GELU."""
+  want = activation(model)
+  name = model_name or type(model).__name__
+  got = meta.get('activation')
+  if got is None:
+    if isinstance(model, CLIPVisionTower):
+      raise ConfigError(f'{where} does not record the activation its CLIP weights were trained '
+                        'with; convert the checkpoint again with scripts/convert_vit.py --model '
+                        'naming the OpenCLIP model (ViT-B-32: exact GELU; ViT-B-32-quickgelu: '
+                        'QuickGELU, the OpenAI weights)')
+    return
+  if got != want:
+    hint = ''
+    if isinstance(model, CLIPVisionTower):
+      fits = [n for n, f in OPENCLIP_MODELS.items()
+              if activation(f()) == got and f().image_size == model.image_size]
+      hint = f'; use model {fits[0]!r}' if fits else ''
+    raise ConfigError(f'{where} holds weights trained with activation {got!r} '
+                      f'({meta.get("model", "model not recorded")}), but model {name} uses '
+                      f'{want!r}{hint}')
 
 
 __all__ = [
   'VisionTransformer', 'CLIPVisionTower', 'EncoderBlock', 'Attention', 'HeadsProj', 'HeadsOut',
   'Mlp', 'Encoder', 'LayerNorm', 'Layout', 'AUGREG', 'OPENCLIP', 'LABELS', 'LORA_TARGETS',
   'vit_b32', 'vit_b16', 'vit_small', 'vit_micro', 'vit_tiny_test',
-  'clip_vit_b32', 'clip_vit_b32_256', 'clip_tiny_test', 'MODELS', 'get_model',
+  'clip_vit_b32', 'clip_tiny_test', 'OPENCLIP_MODELS', 'MODELS', 'get_model', 'activation',
   'param_shapes', 'init_params', 'lora_a_init', 'param_labels', 'count_params_by_label',
   'count_adapter_params', 'merge_lora', 'apply_merged', 'add_adapters',
-  'flatten_params', 'unflatten_params', 'load_npz',
+  'flatten_params', 'unflatten_params', 'load_npz', 'npz_meta', 'check_activation',
+  'META_PREFIX',
 ]
