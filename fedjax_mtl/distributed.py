@@ -191,6 +191,22 @@ def barrier(name: str) -> None:
                                          int(_TIMEOUT_S[0] * 1000))
 
 
+def from_primary(name: str, value: str | None) -> str | None:
+  """Process 0's `value` (a short string or None) on every process: the outcome of a
+  step that only process 0 performs (e.g. taking the workdir's lock). Collective;
+  returns `value` itself in a one-process run."""
+  if jax.process_count() == 1:
+    return value
+  from jax._src import distributed as _d
+  key = f'fedjax_mtl/{next(_BARRIERS)}/{name}'
+  client = _d.global_state.client
+  if jax.process_index() == 0:
+    client.key_value_set(key, 'v' + value if value is not None else '-')
+    return value
+  got = client.blocking_key_value_get(key, int(_TIMEOUT_S[0] * 1000))
+  return got[1:] if got.startswith('v') else None
+
+
 def host_get(tree: PyTree) -> PyTree:
   """Host copies of a tree's arrays, also of arrays spread over several processes
   (`jax.device_get` reads only this process's shards): one jitted all-gather of every

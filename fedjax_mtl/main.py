@@ -6,6 +6,11 @@ tuples `--config.data.resolution.pascal=48,48`, whole dicts
 `--config.model.kwargs="{'embed_dim': 8}"`. Bad input stops the run with one
 `error: ...` line (exit code 2) before anything is written.
 `python -m fedjax_mtl.config_doc configs/hca2.py[:arg]` lists a config's fields.
+
+Exit codes: 0 the run finished; 2 bad input, a diverged round, or a workdir in use
+by another run (one `error:` line); 75 stopped by SIGTERM or SIGINT after saving
+the round in progress (re-run the same command to resume; `fedjax_mtl.preempt`).
+A second SIGINT aborts at once (130).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from fedjax_mtl import preempt
 from fedjax_mtl.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -169,6 +175,10 @@ def main(argv):
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except ConfigError as e:
     fail(str(e))
+  except preempt.Stopped as e:
+    if jax.process_index() == 0:
+      print(e, file=sys.stderr, flush=True)
+    sys.exit(preempt.EXIT_CODE)
 
 
 if __name__ == '__main__':

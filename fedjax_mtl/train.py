@@ -18,7 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import distributed, evaluate, experiment, feeds, progress, report, rounds, validate
+from fedjax_mtl import (distributed, evaluate, experiment, feeds, preempt, progress, report, rounds,
+                        validate)
+from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.algorithms.base import unified_mode
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.defaults import base_config
@@ -163,6 +165,11 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   Multi-process runs (`distributed`): every process calls this with the same config
   and workdir (a shared filesystem); only process 0 writes metrics, reports and
   progress, and every process saves its shards of the checkpoints.
+
+  The run holds the workdir's lock (`fedjax_mtl.workdir`; process 0 for all) from
+  before it reads the workdir to its end: another run there raises WorkdirLocked.
+  SIGTERM or SIGINT during a round ends the run after that round with its checkpoint
+  saved: `preempt.Stopped` (`fedjax_mtl.preempt`).
   """
   if config.get('setting', 'dense') == 'many_task':
     if distributed.settings(config) is not None:
@@ -171,8 +178,13 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     from fedjax_mtl.manytask import run
     return run.train_and_evaluate(config, workdir, stop_after)
   validate.check_run(config, workdir)
-  _check_workdir(config, workdir)
   distributed.initialize(config)  # before JAX's backends (a no-op for one process)
+  with workdir_lib.primary_lock(workdir):  # one writer: before the workdir is read
+    _check_workdir(config, workdir)
+    return _train_and_evaluate(config, workdir, stop_after)
+
+
+def _train_and_evaluate(config, workdir: str, stop_after: int | None) -> dict:
   primary = distributed.is_primary()
   exp = build(config)
   ckpt_dir = os.path.join(workdir, 'checkpoints')
@@ -235,9 +247,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     sink.write([r for r in report.read_jsonl(metrics_path) if r.get('type') == 'meta'])
   eval_rows: list[dict] = []
   linear_eval = evaluates_linear(exp)
-  diverged = None
+  diverged = stopped = None
   try:
-    with prog:
+    with prog, preempt.Signals(start) as signals:
       for rnd in range(start + 1, total + 1):
         prog.round_start(rnd)
         state, out = feed.run_round(state, rnd, prog.step_callback())  # training -> aggregation
@@ -257,7 +269,10 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
           report.append_jsonl(metrics_path, rows + eval_rows)
         if sink is not None:
           sink.write(rows + eval_rows)
-        if rnd % config.checkpoint_every == 0 or rnd == total:
+        # SIGTERM / SIGINT: this round is saved and the run stops (every process at the
+        # same round); in the last round the run just finishes.
+        stop = signals.stop_after(rnd) if rnd < total else None
+        if rnd % config.checkpoint_every == 0 or rnd == total or stop:
           ckpt.save(rnd, state)
         dt = prog.round_seconds()
         prog.round_end(rnd, dt, bool(eval_rows), _summary(
@@ -266,6 +281,9 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
         if primary:
           report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt,
                                              'eval': bool(eval_rows)}])
+        if stop:
+          stopped = preempt.Stopped(rnd, stop)
+          break
         if stop_after is not None and rnd >= stop_after:
           return {'state': state, 'eval': eval_rows, 'interrupted': True}
   finally:
@@ -273,6 +291,8 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     feed.close()
     if sink is not None:
       sink.close()
+  if stopped:
+    raise stopped  # after the checkpoint is committed
   if diverged:
     newest = Checkpointer.latest_in(ckpt_dir)
     raise DivergedError(f'{diverged}; the round was not saved (newest checkpoint: '

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import csv
 import io
 import os
@@ -44,6 +45,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fedjax_mtl import report
+from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.metrics.delta_m import delta_m
 
@@ -254,9 +256,13 @@ def _aside(wd: str) -> str:
 
 
 def plan_runs(run_args: list[str], seeds: list[int], out: str,
-              rerun_changed: bool = False) -> list[Run]:
+              rerun_changed: bool = False, hold: contextlib.ExitStack | None = None
+              ) -> list[Run]:
   """Every run of the comparison, checked before anything runs: ConfigError (one line)
-  for a bad --run, or for a folder holding another config's run unless `rerun_changed`."""
+  for a bad --run, for a folder holding another config's run unless `rerun_changed`,
+  or for a run folder in use by another process (WorkdirLocked, naming it). With
+  `hold`, each run folder's lock (`fedjax_mtl.workdir`) is taken into it before the
+  folder is read, so that no other run enters it while the comparison lasts."""
   from fedjax_mtl import train, validate  # imports jax
   plan, names = [], set()
   for item in run_args:
@@ -280,6 +286,10 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
       except ConfigError as e:
         raise ConfigError(f'--run {name}: {e}') from None
       wd = os.path.join(out, name, f'seed{seed}')
+      if hold is not None:
+        hold.enter_context(workdir_lib.lock(wd))
+      else:
+        workdir_lib.check_free(wd)
       diffs = train.config_diffs(cfg, wd)
       if diffs and not rerun_changed:
         raise ConfigError(
@@ -317,7 +327,11 @@ def execute(run: Run) -> None:
   from fedjax_mtl import train
   if run.action == 'replace':
     old = _aside(run.workdir)
-    os.rename(run.workdir, old)
+    with workdir_lib.lock(run.workdir):  # its lock file stays: the folder stays held
+      os.mkdir(old)
+      for name in os.listdir(run.workdir):
+        if name != workdir_lib.LOCK_FILE:
+          os.rename(os.path.join(run.workdir, name), os.path.join(old, name))
     print(f'== {run.name} seed {run.seed}: config changed (fields: {", ".join(run.diffs)}); '
           f'the old run is now {old}', flush=True)
   if run.action != 'reuse':
@@ -361,7 +375,11 @@ def _compare(a: argparse.Namespace) -> dict:
       raise ConfigError(f'--pair {item!r}: expected NAME=REF with both names given by --run; '
                         'runs: ' + ', '.join(sorted(names)))
     pairs[name] = ref
-  plan = plan_runs(a.run, seeds, a.out, a.rerun_changed)
+  with contextlib.ExitStack() as hold:  # every run folder's lock, for the whole comparison
+    return _run_plan(a, pairs, plan_runs(a.run, seeds, a.out, a.rerun_changed, hold))
+
+
+def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> dict:
   many = table_setting(plan)
   if many and pairs:
     raise ConfigError('--pair sets Δm references; the many-task table has no Δm '

@@ -18,6 +18,7 @@ and the run stops with that line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from fedjax_mtl import federation, report
+from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.algorithms.base import ServerInputs, ServerState, stack, unstack
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.experiment import init_state, views
@@ -326,6 +328,17 @@ class EngineStrategy(Strategy):
     report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
 
 
+def claim_workdir(workdir: str, hold: contextlib.ExitStack) -> None:
+  """Take `workdir`'s lock into `hold` (`fedjax_mtl.workdir`); ConfigError (one line)
+  if another run holds it or it already holds a run (Flower runs do not resume)."""
+  from fedjax_mtl import validate
+  validate.check_workdir(workdir)
+  hold.enter_context(workdir_lib.lock(workdir))
+  if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+    raise ConfigError(f'workdir {workdir!r} already holds a run; Flower runs do not '
+                      'resume: use a new --workdir')
+
+
 def make_server_app(config=None, workdir: str | None = None,
                     holder: dict | None = None) -> ServerApp:
   """A `ServerApp` running `EngineStrategy(config)`; without `config`, from the run
@@ -339,13 +352,16 @@ def make_server_app(config=None, workdir: str | None = None,
   def main(grid: Grid, context) -> None:
     try:
       cfg = config if config is not None else config_from_run(context.run_config)
-      strategy = EngineStrategy(cfg)
-      if holder is not None:
-        holder['strategy'] = strategy
-      strategy.start(grid)
       out = workdir or (context.run_config.get('workdir') if config is None else None)
-      if out:
-        strategy.write(str(out))
+      with contextlib.ExitStack() as hold:
+        if out:  # one writer: the workdir stays locked while the rounds run
+          claim_workdir(str(out), hold)
+        strategy = EngineStrategy(cfg)
+        if holder is not None:
+          holder['strategy'] = strategy
+        strategy.start(grid)
+        if out:
+          strategy.write(str(out))
     except Exception as e:
       if holder is not None:
         holder['error'] = e

@@ -10,6 +10,7 @@ results tables into `--workdir`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from fedjax_mtl.errors import ConfigError
@@ -38,13 +39,15 @@ def simulate(config, workdir: str | None = None, num_workers: int | None = None,
   (a test of the refusal). ConfigError for what the adapter cannot run, and for any
   failure reported by a client or the server.
   """
-  from fedjax_mtl import validate
   runtime.build(config)  # refuses what the adapter cannot run, before Ray starts
-  if workdir:
-    validate.check_workdir(workdir)
-    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
-      raise ConfigError(f'workdir {workdir!r} already holds a run; Flower runs do not '
-                        'resume: use a new --workdir')
+  from fedjax_mtl.flower import server
+  with contextlib.ExitStack() as hold:
+    if workdir:  # locked before Ray starts, until the run's files are written
+      server.claim_workdir(workdir, hold)
+    return _simulate(config, workdir, num_workers, client_config)
+
+
+def _simulate(config, workdir, num_workers, client_config):
   # Worker processes inherit the environment: share the compilation cache, and keep
   # JAX from reserving most of a GPU's memory in every worker.
   import jax
@@ -78,19 +81,22 @@ def in_process(config, workdir: str | None = None):
   in this process, one after the other (what each node would compute, for debugging
   a config before a deployment and for tests). Returns the `server.EngineStrategy`."""
   from fedjax_mtl.flower import client, server
-  strategy = server.EngineStrategy(config)
-  rt = client.client_runtime(config)
-  n = strategy.exp.fed.num_clients
-  kept = {c: None for c in range(n)}
-  for rnd in range(1, config.num_rounds + 1):
-    replies = {}
-    for c in range(n):
-      kept[c], replies[c] = client.train_reply(rt, c, kept[c], strategy.client_content(c, rnd))
-    strategy.aggregate(rnd, replies)
-    if strategy.evaluates(rnd):
-      strategy.collect_eval(rnd, {c: client.evaluate_reply(rt, c, kept[c],
-                                                           strategy.client_content(c, rnd))
-                                  for c in range(n)})
-  if workdir:
-    strategy.write(workdir)
+  with contextlib.ExitStack() as hold:
+    if workdir:
+      server.claim_workdir(workdir, hold)
+    strategy = server.EngineStrategy(config)
+    rt = client.client_runtime(config)
+    n = strategy.exp.fed.num_clients
+    kept = {c: None for c in range(n)}
+    for rnd in range(1, config.num_rounds + 1):
+      replies = {}
+      for c in range(n):
+        kept[c], replies[c] = client.train_reply(rt, c, kept[c], strategy.client_content(c, rnd))
+      strategy.aggregate(rnd, replies)
+      if strategy.evaluates(rnd):
+        strategy.collect_eval(rnd, {c: client.evaluate_reply(rt, c, kept[c],
+                                                             strategy.client_content(c, rnd))
+                                    for c in range(n)})
+    if workdir:
+      strategy.write(workdir)
   return strategy

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_mtl import algorithms, report, validate
+from fedjax_mtl import algorithms, preempt, report, validate
+from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.algorithms import matu_math
 from fedjax_mtl.algorithms.base import config_block, linearized_forward, role_view
 from fedjax_mtl.checkpoint import Checkpointer
@@ -90,10 +91,10 @@ def check(config) -> None:
   if cfg.heads and not os.path.isfile(cfg.heads):
     raise ConfigError(f'many.heads={cfg.heads!r} is not a file; make the zero-shot heads with '
                       "scripts/zeroshot_heads.py, or use '' for trained linear heads")
-  if cfg.heads and not cfg.model.startswith('clip'):
+  clip = [m for m in vit.MODELS if isinstance(vit.get_model(m), vit.CLIPVisionTower)]
+  if cfg.heads and cfg.model not in clip:
     raise ConfigError(f'many.heads (zero-shot heads) needs a CLIP tower; many.model='
-                      f'{cfg.model!r}; valid choices: '
-                      + ', '.join(repr(m) for m in vit.MODELS if m.startswith('clip')))
+                      f'{cfg.model!r}; valid choices: ' + ', '.join(map(repr, clip)))
   ref = cfg.individual_reference
   if ref and not os.path.isfile(os.path.join(ref, 'results.csv')):
     raise ConfigError(f'many.individual_reference {ref!r} holds no results.csv; give the '
@@ -346,10 +347,14 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   """Run (or resume) a many-task experiment in `workdir`; returns the final evaluation."""
   validate.check_fields(config)
   validate.check_workdir(workdir)
+  with workdir_lib.lock(workdir):  # one writer: before the workdir is read
+    return _train_and_evaluate(config, workdir, stop_after)
+
+
+def _train_and_evaluate(config, workdir: str, stop_after: int | None) -> dict:
   run = build(config)  # every input is read (and checked) before anything is written
   from fedjax_mtl.train import _check_workdir
   _check_workdir(config, workdir)
-  os.makedirs(workdir, exist_ok=True)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   timing_path = os.path.join(workdir, 'timing.jsonl')
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
@@ -372,58 +377,66 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   schedule = jnp.asarray(run.setting.schedule)
   total = int(config.num_rounds)
   final = []
-  try:
-    for rnd in range(start + 1, total + 1):
-      t0 = time.perf_counter()
-      slots = run.setting.schedule[rnd - 1]
-      evaluated = rnd % int(config.eval_every) == 0 or rnd == total
-      # Evaluation B's linearisation point: the shared leaves the round starts from (a
-      # copy: the round donates the state), or the run's initial ones.
-      start_shared = None
-      if run.alpha_tune_fn is not None or (evaluated and run.eval_linear_fn is not None):
-        start_shared = (jax.tree.map(jnp.copy, state.shared)
-                        if run.algorithm.client.linearize_at == 'start' else
-                        {k: jnp.asarray(run.trainable[k]) for k in state.shared})
-      state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], *feed(rnd - 1))
-      out = jax.device_get(out)
-      bad = [run.setting.pair_name(p) for p, ok, real in zip(slots, out['finite'], out['real'])
-             if real and not ok]
-      if bad or not out['agg_finite']:
-        what = (f'training loss or parameters of {", ".join(bad)}' if bad
-                else 'aggregated parameters or server state')
-        raise DivergedError(f'round {rnd}: non-finite {what} ({config.algorithm}); the round '
-                            f'was not saved; {_divergence_hint(config)}')
-      tuned = {}
-      if run.alpha_tune_fn is not None:
-        state, tuned = tune_alpha(run, state, start_shared)
-      real = out['real']
-      round_bits = bits[slots][real]
-      rows = [{'round': rnd, 'type': 'train', 'client': f'client{run.setting.pairs[p][0]}',
-               'task': run.setting.tasks[run.setting.pairs[p][1]], 'loss': float(loss),
-               'steps': int(steps)}
-              for p, loss, steps, r in zip(slots, out['loss'], out['steps'], real) if r]
-      rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round(round_bits.sum())),
-                   'bits_per_task': float(round_bits.mean()),
-                   **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}, **tuned})
-      if evaluated:
-        final = [{'round': rnd, 'type': 'eval', **r}
-                 for r in evaluate(run, state, test, start_shared)]
-        rows += final
-      report.append_jsonl(metrics_path, rows)
-      if rnd % int(config.checkpoint_every) == 0 or rnd == total:
-        ckpt.save(rnd, state)
-      dt = time.perf_counter() - t0
-      # Wall times go to their own file: metrics.jsonl stays identical across resumes.
-      report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt, 'eval': evaluated}])
-      if config.progress:
-        acc = [r['value'] for r in rows if r.get('metric') == 'accuracy']
-        print(f'round {rnd}/{total} {dt:6.2f}s | train loss '
-              f'{np.mean([r["loss"] for r in rows if r["type"] == "train"]):.4f}'
-              + (f' | eval mean accuracy {np.mean(acc):.2f}' if acc else ''), flush=True)
-      if stop_after is not None and rnd >= stop_after:
-        return {'state': state, 'eval': final, 'interrupted': True}
-  finally:
-    ckpt.close()
+  stopped = None
+  with preempt.Signals(start) as signals:
+    try:
+      for rnd in range(start + 1, total + 1):
+        t0 = time.perf_counter()
+        slots = run.setting.schedule[rnd - 1]
+        evaluated = rnd % int(config.eval_every) == 0 or rnd == total
+        # Evaluation B's linearisation point: the shared leaves the round starts from (a
+        # copy: the round donates the state), or the run's initial ones.
+        start_shared = None
+        if run.alpha_tune_fn is not None or (evaluated and run.eval_linear_fn is not None):
+          start_shared = (jax.tree.map(jnp.copy, state.shared)
+                          if run.algorithm.client.linearize_at == 'start' else
+                          {k: jnp.asarray(run.trainable[k]) for k in state.shared})
+        state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], *feed(rnd - 1))
+        out = jax.device_get(out)
+        bad = [run.setting.pair_name(p) for p, ok, real in zip(slots, out['finite'], out['real'])
+               if real and not ok]
+        if bad or not out['agg_finite']:
+          what = (f'training loss or parameters of {", ".join(bad)}' if bad
+                  else 'aggregated parameters or server state')
+          raise DivergedError(f'round {rnd}: non-finite {what} ({config.algorithm}); the round '
+                              f'was not saved; {_divergence_hint(config)}')
+        tuned = {}
+        if run.alpha_tune_fn is not None:
+          state, tuned = tune_alpha(run, state, start_shared)
+        real = out['real']
+        round_bits = bits[slots][real]
+        rows = [{'round': rnd, 'type': 'train', 'client': f'client{run.setting.pairs[p][0]}',
+                 'task': run.setting.tasks[run.setting.pairs[p][1]], 'loss': float(loss),
+                 'steps': int(steps)}
+                for p, loss, steps, r in zip(slots, out['loss'], out['steps'], real) if r]
+        rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round(round_bits.sum())),
+                     'bits_per_task': float(round_bits.mean()),
+                     **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}, **tuned})
+        if evaluated:
+          final = [{'round': rnd, 'type': 'eval', **r}
+                   for r in evaluate(run, state, test, start_shared)]
+          rows += final
+        report.append_jsonl(metrics_path, rows)
+        stop = signals.stop_after(rnd) if rnd < total else None  # SIGTERM / SIGINT
+        if rnd % int(config.checkpoint_every) == 0 or rnd == total or stop:
+          ckpt.save(rnd, state)
+        dt = time.perf_counter() - t0
+        # Wall times go to their own file: metrics.jsonl stays identical across resumes.
+        report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt, 'eval': evaluated}])
+        if config.progress:
+          acc = [r['value'] for r in rows if r.get('metric') == 'accuracy']
+          print(f'round {rnd}/{total} {dt:6.2f}s | train loss '
+                f'{np.mean([r["loss"] for r in rows if r["type"] == "train"]):.4f}'
+                + (f' | eval mean accuracy {np.mean(acc):.2f}' if acc else ''), flush=True)
+        if stop:
+          stopped = preempt.Stopped(rnd, stop)
+          break
+        if stop_after is not None and rnd >= stop_after:
+          return {'state': state, 'eval': final, 'interrupted': True}
+    finally:
+      ckpt.close()
+  if stopped:
+    raise stopped  # after the checkpoint is committed
   rows = report.read_jsonl(metrics_path)
   final = [r for r in rows if r['type'] == 'eval' and r['round'] == total]
   mean_bits = float(np.mean([r['bits_per_task'] for r in rows if r['type'] == 'agg']))
