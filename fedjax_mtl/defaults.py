@@ -163,7 +163,7 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   c.model.pretrained_path = ''
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.name = 'adamw'  # or 'adam_amsgrad' (MaT-FL's Adam)
+  c.optim.name = 'adamw'  # or 'adam_amsgrad' (MaT-FL's Adam), 'sgd'
   c.optim.schedule = 'cosine'  # or 'round_decay': lr * round_decay^round (MaT-FL)
   c.optim.round_decay = 0.99
   c.optim.reset_each_round = False
@@ -172,6 +172,7 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   c.optim.b1 = 0.9
   c.optim.b2 = 0.999
   c.optim.eps = 1e-8
+  c.optim.momentum = 0.0  # sgd only
   c.optim.warmup_epochs = 1
   c.optim.warmup_lr_init = 1.25e-7
   c.optim.min_lr = 1.25e-6

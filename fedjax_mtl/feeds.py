@@ -108,7 +108,7 @@ class InMemoryFeed:
     start = rounds.abstract_round_start(exp, params)
     for g, (spec, fn) in enumerate(zip(exp.fed.groups, self.train_fns)):
       args = (state.groups[g], start[g], self.train_data[spec.dataset]['train'], state.round,
-              state.rng)
+              state.rng, rounds.num_rounds(exp))
       jobs.append((f'train {spec.dataset} x{spec.num_real}', fn, args))
       metrics.append(_with_sharding(jax.eval_shape(fn, *args)[1], exp.client_sharding))
     jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), params, start, metrics)))
@@ -247,7 +247,8 @@ class StreamedFeed:
       if self.augment_fns is not None:
         chunk['x'] = self.augment_fns[g](chunk['x'])
       groups[g], accs[g] = self.chunk_fns[g](groups[g], start[g], accs[g],
-                                             chunk, state.rng, state.round)
+                                             chunk, state.rng, state.round,
+                                             rounds.num_rounds(self.exp))
       if progress is not None:
         spec = self.train_chunks.specs[g]
         progress(min(spec.chunk_steps, spec.num_steps - done[g]))

@@ -27,7 +27,7 @@ from fedjax_mtl.state import GroupState
 PyTree = Any
 
 
-OPTIMIZERS = ('adamw', 'adam_amsgrad')
+OPTIMIZERS = ('adamw', 'adam_amsgrad', 'sgd')
 LR_SCHEDULES = ('cosine', 'round_decay')
 
 
@@ -69,8 +69,14 @@ def make_optimizer(optim_cfg) -> optax.GradientTransformation:
   `optim.name='adamw'` (default): AdamW, torch defaults, decoupled decay on all
   params. `'adam_amsgrad'`: MaT-FL's `torch.optim.Adam(amsgrad=True,
   weight_decay=wd)`, whose decay is an L2 term added to the gradient before the
-  moments (NTKFedAvg spec §1.2)."""
+  moments (NTKFedAvg spec §1.2). `'sgd'`: `torch.optim.SGD(momentum=m,
+  weight_decay=wd)`, the gradient plus the L2 term, through momentum
+  (`optim.momentum`; 0: plain SGD, whose step is linear in the gradient)."""
   name = optim_cfg.get('name', 'adamw')
+  if name == 'sgd':
+    momentum = float(optim_cfg.get('momentum', 0.0))
+    return optax.chain(optax.add_decayed_weights(optim_cfg.weight_decay),
+                       optax.trace(decay=momentum) if momentum else optax.identity())
   if name == 'adam_amsgrad':
     return optax.chain(optax.add_decayed_weights(optim_cfg.weight_decay),
                        scale_by_torch_amsgrad(optim_cfg.b1, optim_cfg.b2, optim_cfg.eps))
@@ -80,7 +86,7 @@ def make_optimizer(optim_cfg) -> optax.GradientTransformation:
 
 
 def step_lrs(epoch_of_step: jax.Array, round_idx: jax.Array, optim_cfg,
-             total_epochs: int) -> jax.Array:
+             total_epochs: int | jax.Array) -> jax.Array:
   """The learning rate of every local step: `optim.schedule='cosine'` (default) is
   `epoch_lr` of the step's global local epoch; `'round_decay'` is MaT-FL's
   lr · decay^round, constant within a round (`optim.round_decay`, 0.99)."""
@@ -100,7 +106,7 @@ def fresh_opt_state(tx: optax.GradientTransformation, optim_cfg, opt_state, para
   return jax.vmap(tx.init)(params)
 
 
-def epoch_lr(epoch: jax.Array, optim_cfg, total_epochs: int) -> jax.Array:
+def epoch_lr(epoch: jax.Array, optim_cfg, total_epochs: int | jax.Array) -> jax.Array:
   """timm CosineLRScheduler with warm-up prefix, stepped after each local epoch.
 
   Global local-epoch k runs at the value for t = max(k - 1, 0): the released
@@ -110,10 +116,18 @@ def epoch_lr(epoch: jax.Array, optim_cfg, total_epochs: int) -> jax.Array:
   t = jnp.maximum(epoch - 1, 0).astype(jnp.float32)
   lr, lr0, lr_min = optim_cfg.lr, optim_cfg.warmup_lr_init, optim_cfg.min_lr
   warm = float(optim_cfg.warmup_epochs)
-  t_initial = max(total_epochs - optim_cfg.warmup_epochs, 1)
   warm_lr = lr0 + t * (lr - lr0) / max(warm, 1.)
-  tc = jnp.minimum(t - warm, t_initial)
-  cos_lr = lr_min + 0.5 * (lr - lr_min) * (1. + jnp.cos(jnp.pi * tc / t_initial))
+  if isinstance(total_epochs, int):
+    t_initial = max(total_epochs - optim_cfg.warmup_epochs, 1)
+    tc = jnp.minimum(t - warm, t_initial)
+    phase = jnp.pi * tc / t_initial  # XLA folds: tc * (f32(pi) * f32(1 / t_initial))
+  else:
+    # A traced `total_epochs` (the engine's trainers: one program for any num_rounds),
+    # computed as XLA folds the constant above: the same float32 values.
+    t_initial = jnp.maximum(total_epochs - optim_cfg.warmup_epochs, 1).astype(jnp.float32)
+    tc = jnp.minimum(t - warm, t_initial)
+    phase = tc * (jnp.float32(jnp.pi) * (1. / t_initial))
+  cos_lr = lr_min + 0.5 * (lr - lr_min) * (1. + jnp.cos(phase))
   return jnp.where(t < warm, warm_lr, cos_lr)
 
 
@@ -360,7 +374,9 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   'steps' [n], and 'first_loss' / 'last_loss' [n] (`edge_losses`).
   `train.rows(gstate, data, round, key, rows)` trains the `GroupRows` `rows` of
   the group alone (`gstate` holding those rows; each client starts from its own
-  params), as the engine trains them among the others.
+  params), as the engine trains them among the others. `total` (traced int32): the
+  run's rounds, which the learning-rate schedule spans, as an argument instead of
+  the constant `total_rounds`, so that one program serves any number of rounds.
   """
   epochs = group.local_epochs
   used = ('image',) + group.tasks_used
@@ -372,14 +388,15 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     cs, loss_sum, totals = scan(cs, start, tids, (idx, mask, lrs, steps), key, round_idx)
     return cs, (loss_sum / jnp.maximum(jnp.sum(mask), 1), *edge_losses(totals, mask))
 
-  def train_rows(gstate, data, round_idx, key, start, axes, rows: GroupRows):
+  def train_rows(gstate, data, round_idx, key, start, axes, rows: GroupRows, total=None):
+    total = total_rounds if total is None else total
     keys, step_keys = _client_keys(key, rows.ids)
     plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
     idx, mask = jax.vmap(lambda r, c, k: client_plan(r, c, k, epochs, batch_size))(
         rows.index_table, rows.counts, plan_keys)
     steps_per_epoch = idx.shape[1] // epochs
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
-    lrs = step_lrs(epoch_of_step, round_idx, optim_cfg, total_rounds * epochs)
+    lrs = step_lrs(epoch_of_step, round_idx, optim_cfg, total * epochs)
     gstate = gstate.replace(opt_state=fresh_opt_state(tx, optim_cfg, gstate.opt_state,
                                                       gstate.params))
     gstate, loss = jax.vmap(train_client, in_axes=(0, axes, 0, 0, 0, None, None, 0, None))(
@@ -388,10 +405,10 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1), 'first_loss': first,
                     'last_loss': last}
 
-  def train(gstate: GroupState, data, round_idx, key, start=None):
+  def train(gstate: GroupState, data, round_idx, key, start=None, total=None):
     if start is None:
-      return train_rows(gstate, data, round_idx, key, gstate.params, 0, group_rows(group))
-    return train_rows(gstate, data, round_idx, key, start, start_axes, group_rows(group))
+      return train_rows(gstate, data, round_idx, key, gstate.params, 0, group_rows(group), total)
+    return train_rows(gstate, data, round_idx, key, start, start_axes, group_rows(group), total)
 
   train.rows = lambda gstate, data, round_idx, key, rows: train_rows(
       gstate, data, round_idx, key, gstate.params, 0, rows)
@@ -410,16 +427,16 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   `make_group_trainer`, so dropout streams match per step). `acc` =
   {'loss_sum' [n, slots], 'steps' [n], 'first_loss' [n], 'last_loss' [n]}
   accumulates over a round's chunks. `ids` ([n] int32, default every row): the group
-  rows `gstate` holds, when it holds only some (one client trained alone).
+  rows `gstate` holds, when it holds only some (one client trained alone). `total`:
+  as in `make_group_trainer`.
   """
   task_ids = jnp.asarray(group.task_ids)
   scan = _make_client_scan(group, model_train, tx, alg, labels, lambda b: b)
-  total_epochs = total_rounds * group.local_epochs
-
-  def train_chunk(gstate, start, acc, chunk, key, round_idx, ids=None):
+  def train_chunk(gstate, start, acc, chunk, key, round_idx, ids=None, total=None):
     _, step_keys = _client_keys(key, group.num_total if ids is None else ids)
     tids = task_ids if ids is None else task_ids[ids]
-    lrs = step_lrs(chunk['epoch'], round_idx, optim_cfg, total_epochs)
+    total = total_rounds if total is None else total
+    lrs = step_lrs(chunk['epoch'], round_idx, optim_cfg, total * group.local_epochs)
     if optim_cfg.get('reset_each_round', False):  # the round's first chunk starts afresh
       fresh = fresh_opt_state(tx, optim_cfg, gstate.opt_state, gstate.params)
       gstate = gstate.replace(opt_state=jax.tree.map(

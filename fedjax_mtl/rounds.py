@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_mtl import federation, local
 from fedjax_mtl.algorithms.base import (ServerInputs, ServerState, merge_view, role_view, stack,
@@ -164,9 +165,10 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
 
 
 def make_train_fns(exp: Experiment) -> list:
-  """Per group: jitted `(gstate, start, data, round, rng) -> (gstate, metrics)`, one
-  round of local training on device-resident data (in-memory feed); `start` =
-  the group's `round_start`.
+  """Per group: jitted `(gstate, start, data, round, rng, total) -> (gstate, metrics)`,
+  one round of local training on device-resident data (in-memory feed); `start` =
+  the group's `round_start`; `total` = `num_rounds(exp)`, an argument so that runs of
+  any length share the program.
 
   Each group's trainer is its own program, and so is the aggregation
   (`make_agg_fn`): a group's program is compiled once whatever the federation
@@ -179,9 +181,9 @@ def make_train_fns(exp: Experiment) -> list:
   donate = (0,) if exp.start_axes is not None else ()
 
   def train_fn(g, trainer):
-    def run(gs, start, data, rnd, state_rng):
+    def run(gs, start, data, rnd, state_rng, total):
       key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
-      return trainer(gs, data, rnd, key, start)
+      return trainer(gs, data, rnd, key, start, total)
     return jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
                    donate_argnums=donate, compiler_options=train_compiler_options(cfg))
 
@@ -191,14 +193,21 @@ def make_train_fns(exp: Experiment) -> list:
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
+def num_rounds(exp: Experiment) -> np.int32:
+  """The trainers' `total` argument: the run's rounds, which the learning-rate
+  schedule spans (a host scalar: every process passes the same value)."""
+  return np.int32(exp.config.num_rounds)
+
+
 def make_chunk_fns(exp: Experiment) -> list:
-  """Per group: jitted `(gstate, start, acc, chunk, rng, round) -> (gstate, acc)` on streamed chunks."""
+  """Per group: jitted `(gstate, start, acc, chunk, rng, round, total) -> (gstate, acc)` on
+  streamed chunks (`total` as in `make_train_fns`)."""
   cfg = exp.config
 
   def chunk_fn(g, trainer):
-    def run(gs, start, acc, chunk, state_rng, rnd):
+    def run(gs, start, acc, chunk, state_rng, rnd, total):
       key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
-      return trainer(gs, start, acc, chunk, key, rnd)
+      return trainer(gs, start, acc, chunk, key, rnd, total=total)
     return jax.jit(run, donate_argnums=(0, 2), out_shardings=exp.client_sharding,
                    compiler_options=train_compiler_options(cfg))
 
@@ -330,7 +339,8 @@ def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data,
   state = begin_round(exp, state)
   start = round_start(exp, [gs.params for gs in state.groups])
   for g, (spec, fn) in enumerate(zip(exp.fed.groups, train_fns)):
-    gs, m = fn(state.groups[g], start[g], data[spec.dataset]['train'], state.round, state.rng)
+    gs, m = fn(state.groups[g], start[g], data[spec.dataset]['train'], state.round, state.rng,
+               num_rounds(exp))
     groups.append(gs)
     metrics.append(m)
     if progress is not None:

@@ -207,8 +207,11 @@ FIELDS: dict[str, Field] = {
                          '(less memory, about one extra forward)'),
     'model.pretrained_path': Field("converted encoder weights (.npz) all clients start from "
                                    "('' = random init)"),
-    'optim.name': Field("local optimizer: adamw, or adam_amsgrad (MaT-FL's Adam, amsgrad, "
-                        'L2 weight decay in the gradient)', choices=_optimizers),
+    'optim.name': Field("local optimizer: adamw, adam_amsgrad (MaT-FL's Adam, amsgrad, "
+                        'L2 weight decay in the gradient) or sgd (torch SGD: L2 weight decay, '
+                        'optim.momentum)', choices=_optimizers),
+    'optim.momentum': Field('sgd: momentum (torch semantics, no dampening; 0: plain SGD)',
+                            Rule(lambda v: 0 <= v < 1, '0 <= {name} < 1')),
     'optim.schedule': Field("learning rate per step: cosine (warm-up, then cosine per local "
                             "epoch) or round_decay (lr * round_decay^round, MaT-FL's)",
                             choices=_lr_schedules),
@@ -217,7 +220,8 @@ FIELDS: dict[str, Field] = {
     'optim.reset_each_round': Field('a new optimizer state every round (MaT-FL) instead of '
                                     "each client's kept state"),
     'optim.lr': Field('peak learning rate of the local optimizer', above(0)),
-    'optim.weight_decay': Field('AdamW weight decay', at_least(0)),
+    'optim.weight_decay': Field('weight decay (AdamW: decoupled; adam_amsgrad, sgd: L2 in the '
+                                'gradient)', at_least(0)),
     'optim.b1': Field("AdamW β1", unit()),
     'optim.b2': Field("AdamW β2", unit()),
     'optim.eps': Field('AdamW ε', above(0)),

@@ -739,11 +739,11 @@ def bench_unified_memory(datasets=('nyud', 'pascal'), encoders=('swin_t', 'resne
         fn = rounds.make_train_fns(e)[0]
         t0 = time.perf_counter()
         mem = fn.lower(state.groups[0], start[0], feed_data[ds]['train'], state.round,
-                       state.rng).compile().memory_analysis()
+                       state.rng, rounds.num_rounds(e)).compile().memory_analysis()
         compile_s = time.perf_counter() - t0
         metrics = feeds._with_sharding(jax.eval_shape(
-            fn, state.groups[0], start[0], feed_data[ds]['train'], state.round, state.rng)[1],
-            e.client_sharding)
+            fn, state.groups[0], start[0], feed_data[ds]['train'], state.round, state.rng,
+            rounds.num_rounds(e))[1], e.client_sharding)
         agg = rounds.make_agg_fn(e).lower(rounds.agg_core(state), params, start,
                                           [metrics]).compile().memory_analysis()
         name = f'{ds}_{enc}_{layout}'

@@ -1,4 +1,4 @@
-"""Shared test setup: a persistent XLA cache and the tiny engine config.
+"""Shared test setup: a persistent XLA cache, the CLI's XLA flags and the tiny engine config.
 
 Engine tests compile the same round functions in several processes (the CLI
 and multi-device subprocesses); the persistent compilation cache makes every
@@ -8,6 +8,8 @@ compile after the first a cache hit.
 import os
 import tempfile
 
+import pytest
+
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
                       os.path.join(tempfile.gettempdir(), 'fedjax_mtl_test_xla_cache'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.3')
@@ -15,6 +17,13 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.3')
 # optimisation passes (about half the compile time).
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
                            + ' --xla_backend_optimization_level=0').strip()
+# The vector-instruction cap `python -m fedjax_mtl.main` sets (fedjax_mtl.cpu_isa), here
+# too: the runs tests start in subprocesses (the CLI, notebooks, multi-process and Flower
+# workers, which inherit XLA_FLAGS) compute as the tests' own runs do and load the
+# programs those compiled from the persistent cache (its keys include XLA_FLAGS).
+from fedjax_mtl import cpu_isa  # noqa: E402  (imports nothing of JAX)
+
+cpu_isa.pin('AVX2')
 
 
 def tiny_config(algorithm: str = 'fedavg', **overrides):
@@ -58,3 +67,21 @@ _LONG_FILES = ('test_multihost.py', 'test_algorithms_engine.py', 'test_feddea.py
 def pytest_collection_modifyitems(config, items):
   rank = {f: i for i, f in enumerate(_LONG_FILES)}
   items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: others keep their order
+
+
+@pytest.fixture(scope='session')
+def reference_run(tmp_path_factory):
+  """`get(config) -> agreement.Reference`: the one-device run of a config, run once per
+  test process and shared by the files comparing other programs with it
+  (test_multihost, test_flower)."""
+  import agreement
+  runs = {}
+
+  def get(config):
+    key = config.to_json_best_effort(sort_keys=True)
+    if key not in runs:
+      wd = tmp_path_factory.mktemp('reference') / 'wd'
+      runs[key] = agreement.run_reference(config, str(wd))
+    return runs[key]
+
+  return get

@@ -1,9 +1,11 @@
-"""One process of a run of the tiny hca2 config (2 rounds); process 0 saves its final views.
+"""One process of a smoke run (SGD, `config(ALGORITHM)`); process 0 saves its final model
+rows (`agreement.model_rows`).
 
 Used by test_multihost.py (also as one process over 4 devices). The distributed runtime comes from the environment
 (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID); without it the
 run is one process over every visible device.
-Usage: multihost_worker.py OUT.npz WORKDIR [STOP_AFTER]
+A run stopped by SIGTERM exits as `fedjax_mtl.main` does (75, one line from process 0).
+Usage: multihost_worker.py OUT.npz WORKDIR [ALGORITHM]
 """
 
 import json
@@ -12,12 +14,17 @@ import sys
 
 import numpy as np
 
+import agreement
 from conftest import tiny_config
-from fedjax_mtl import distributed, train
+from fedjax_mtl import distributed, preempt, train
 
 
-def config():
-  return tiny_config('hca2', num_rounds=2)
+def config(algorithm: str = 'hca2'):
+  """hca2: 2 rounds (the 4-device run); fedavg: 4 rounds, checkpoints at the end only (the
+  two-process run that a SIGTERM stops). SGD: runs on other meshes agree to rounding
+  (agreement.py)."""
+  rounds = {'hca2': 2, 'fedavg': 4}[algorithm]
+  return tiny_config(algorithm, num_rounds=rounds, checkpoint_every=rounds, **agreement.SGD)
 
 
 def _every_process_writes_the_compilation_cache():
@@ -44,20 +51,21 @@ def _every_process_writes_the_compilation_cache():
   compiler._cache_write = write_from_any_process
 
 
-def main(out_path, workdir, stop_after=None):
-  from test_engine import _real_views
-  cfg = config()
-  result = train.train_and_evaluate(cfg, workdir,
-                                    stop_after=int(stop_after) if stop_after else None)
+def main(out_path, workdir, algorithm='hca2'):
+  cfg = config(algorithm)
   import jax
+  try:
+    result = train.train_and_evaluate(cfg, workdir)
+  except preempt.Stopped as e:
+    if jax.process_index() == 0:
+      print(e, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(preempt.EXIT_CODE)
   exp = train.build(cfg)
   state = distributed.host_get(result['state'])  # collective: every process
   if jax.process_index() != 0:
     return
-  enc, dec, heads = _real_views(exp, state)
-  arrays = {f'{name}{jax.tree_util.keystr(path)}': x
-            for name, tree in (('enc', enc), ('dec', dec), ('heads', heads))
-            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  arrays = agreement.model_rows(exp, [gs.params for gs in state.groups])
   devices = set().union(*(jax.tree.leaves(gs.params)[0].sharding.device_set
                           for gs in result['state'].groups))
   np.savez(out_path, num_devices=len(jax.devices()), num_processes=jax.process_count(),

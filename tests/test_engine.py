@@ -122,7 +122,7 @@ def test_model_remat_reaches_the_encoder_and_survives_compilation():
   spec = exp.fed.groups[0]
   text = rounds.make_train_fns(exp)[0].lower(
       state.groups[0], state.groups[0].params, train_data[spec.dataset]['train'], state.round,
-      state.rng).compile().as_text()
+      state.rng, rounds.num_rounds(exp)).compile().as_text()
   assert 'opt-barrier' in text
 
 

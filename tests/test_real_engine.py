@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import agreement
 from conftest import tiny_config
 from fake_datasets import make_nyud, make_pascal
 from fedjax_mtl import experiment, feeds, local, scenarios, train
@@ -20,8 +21,6 @@ from fedjax_mtl.data import transforms as T
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.flower import simulate
 from fedjax_mtl.report import read_jsonl
-from test_flower import _flat
-from test_multihost import SHIFT_INVARIANT
 
 P_TRAIN = [f'2008_{i:06d}' for i in range(1, 21)]
 N_TRAIN = [f'{i:04d}' for i in range(1, 7)]
@@ -43,7 +42,8 @@ def real_config(data_dir, **overrides):
   # Fake images are 40x48 (PASCAL) and 32x40 (NYUD): evaluation pads to these.
   kw = {'data.source': 'real', 'data.data_dir': data_dir,
         'data.resolution': {'pascal': (64, 64), 'nyud': (32, 64)},
-        'batch_size': 2, 'eval_batch_size': 2, 'num_rounds': 2}
+        'batch_size': 2, 'eval_batch_size': 2, 'num_rounds': 2,
+        **agreement.SGD}  # runs compared across programs train with SGD (agreement.py)
   return tiny_config('hca2', **{**kw, **overrides})
 
 
@@ -92,15 +92,12 @@ def test_flower_clients_train_their_own_streamed_rows_as_the_engine(data_dir, fu
   engine, engine_wd = full_run
   strategy = simulate.in_process(cfg, str(tmp_path / 'flower'))
   exp = experiment.build(cfg)
-  params = [gs.params for gs in engine['state'].groups]
-  want = _flat({r: jax.device_get(experiment.views(exp, params, r))
-                for r in exp.algorithm.shared_roles})
-  got = _flat(strategy.views)
-  assert sorted(got) == sorted(want)
-  for k in want:
-    tol = 5e-3 if SHIFT_INVARIANT.search(k) else 1e-4
-    np.testing.assert_allclose(got[k], want[k], rtol=0 if tol > 1e-4 else 1e-4, atol=tol,
-                               err_msg=k)
+  roles = exp.algorithm.shared_roles
+  want = agreement.model_rows(exp, [gs.params for gs in engine['state'].groups], roles)
+  init = agreement.model_rows(exp, [gs.params for gs in experiment.init_state(exp).groups],
+                              roles)
+  agreement.assert_agree(agreement.flat_views(strategy.views), want, init,
+                         exp.fed.num_clients, exp.fed.num_clients + 3)
   rows = read_jsonl(str(tmp_path / 'flower' / 'metrics.jsonl'))
   ref = read_jsonl(str(engine_wd / 'metrics.jsonl'))
   key = lambda r: (r['round'], r['type'], r.get('client'), r.get('task'), r.get('metric'))
