@@ -71,6 +71,11 @@ def model_rows(exp, group_params: list, roles=('encoder', 'decoder', 'head')) ->
   return out
 
 
+def flat_tree(part: str, tree) -> dict:
+  """`model_rows`' layout of one stacked tree (leading axis: rows) named `part`."""
+  return _flat(part, tree)
+
+
 def flat_views(views: dict) -> dict:
   """`model_rows`' layout of {role: stacked rows} (e.g. a Flower strategy's `views`)."""
   out = {}
@@ -127,6 +132,15 @@ def faults(want: dict, init: dict, num_real: int, num_padded: int) -> dict[str, 
   scale = num_real / num_padded
   padded = {k: init[k] + (want[k] - init[k]) * scale for k in want}
   return {'rows on the wrong device': shifted, 'padding averaged in': padded}
+
+
+def assert_within_bound(got: dict, want: dict, init: dict) -> str:
+  """Every row of `got` within its bound of `want` (no fault check: for comparisons of
+  two computations of one thing, not of a sharded run). Returns the worst row."""
+  assert all(np.all(np.isfinite(v)) for v in got.values())
+  for part, e in row_errors(got, want, init).items():
+    assert np.all(e <= 1), f'{part}: rows apart by {e} of their bound (agreement.py)'
+  return f'worst row: {worst(got, want, init):.3f} of its bound'
 
 
 def assert_agree(got: dict, want: dict, init: dict, num_real: int, num_padded: int) -> str:

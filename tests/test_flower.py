@@ -19,7 +19,8 @@ from test_multihost import ROOT
 
 
 def config():
-  return tiny_config('hca2', num_rounds=2, **agreement.SGD)  # agreement.py: SGD
+  from multihost_worker import config as worker_config
+  return worker_config('hca2')  # smoke FedHCA2, 2 rounds, SGD (agreement.py)
 
 
 @pytest.fixture(scope='module')

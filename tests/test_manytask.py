@@ -88,6 +88,11 @@ def test_storage_follows_the_algorithm_roles():
                  'fedper': ['global', 'pair', 'pair'], 'local': ['pair', 'pair', 'pair']}
 
 
+def init_state_of(run):
+  from fedjax_mtl.manytask.run import init_state
+  return init_state(run)
+
+
 def _round1(run):
   from fedjax_mtl.manytask.feed import RoundFeed
   from fedjax_mtl.manytask.run import _concat, init_state
@@ -124,16 +129,21 @@ def test_fedavg_round_is_the_weighted_mean_of_the_local_round(fedavg_run, local_
         np.testing.assert_array_equal(v[t], fedavg_run.trainable[k])
 
 
-def test_fedprox_with_mu_zero_is_fedavg_bitwise(fedavg_run):
-  prox = run_lib.build(tiny('fedprox', **{'fedprox.mu': 0.0}))
-  a, _ = _round1(fedavg_run)
-  b, _ = _round1(prox)
-  jax.tree.map(np.testing.assert_array_equal, a.shared, b.shared)
+def test_fedprox_with_mu_zero_is_fedavg(fedavg_run):
+  # Two programs (FedProx's adds the proximal term, whose gradient is 0 at mu = 0), so
+  # XLA may fuse and round them apart: under SGD the same adapters to rounding
+  # (agreement.py), which a proximal term that is not zero exceeds.
+  import agreement
+  sgd = lambda name, **kw: _round1(run_lib.build(tiny(name, **kw, **agreement.SGD)))[0]
+  rows = lambda s: {k: np.asarray(v, np.float64)[None] for k, v in s.shared.items()}
+  a, b, c = (rows(sgd('fedavg')), rows(sgd('fedprox', **{'fedprox.mu': 0.0})),
+             rows(sgd('fedprox', **{'fedprox.mu': 10.0})))
+  start = rows(init_state_of(fedavg_run))
+  print(agreement.assert_within_bound(b, a, start))
+  assert agreement.worst(c, a, start) > 10  # mu = 10: 15x the bound here
   # ... and with mu > 0 the adapters move less from the start.
-  c, _ = _round1(run_lib.build(tiny('fedprox', **{'fedprox.mu': 100.0})))
-  start = fedavg_run.trainable
-  dist = lambda s: sum(float(np.sum((np.asarray(s[k]) - start[k]) ** 2)) for k in s)
-  assert dist(c.shared) < dist(a.shared)
+  dist = lambda s: sum(float(np.sum((s[k] - start[k]) ** 2)) for k in s)
+  assert dist(c) < dist(a)
 
 
 def test_local_steps_mode_and_one_task_per_client():

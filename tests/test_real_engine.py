@@ -200,8 +200,10 @@ def test_device_normalisation_equals_reference_normalise_then_pad():
 
 
 def test_chunk_trainer_matches_in_memory_trainer():
-  """Streaming the in-memory plan chunk by chunk gives the in-memory trainer's result."""
-  cfg = tiny_config('local')
+  """Streaming the in-memory plan chunk by chunk gives the in-memory trainer's result:
+  the same steps in another program (a scan over chunks of 3 steps), so under SGD the
+  same state to rounding (agreement.py)."""
+  cfg = tiny_config('local', **agreement.SGD)
   exp = train.build(cfg)
   state = train.init_state(exp)
   train_data, _ = feeds.device_data(exp)
@@ -245,8 +247,13 @@ def test_chunk_trainer_matches_in_memory_trainer():
   for k in ('first_loss', 'last_loss'):  # FedGA's losses: the same steps either way
     np.testing.assert_allclose(np.asarray(acc[k]), np.asarray(want_m[k]), rtol=1e-5)
   assert np.all(np.asarray(want_m['first_loss'])[:spec.num_real] > 0)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               jax.tree.map(np.asarray, gs), jax.tree.map(np.asarray, want))
+  # Params, batch-norm statistics and the momentum buffers, each client's row against
+  # how far the round moved it.
+  flat = lambda s: {**agreement.flat_tree('params', s.params),
+                    **agreement.flat_tree('batch_stats', s.batch_stats),
+                    **agreement.flat_tree('momentum', s.opt_state)}
+  print(agreement.assert_within_bound(flat(gs), flat(want), flat(state.groups[g])))
+  assert jax.tree.structure(gs) == jax.tree.structure(want)
 
 
 def test_real_data_errors(data_dir, tmp_path, monkeypatch):
