@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_mtl import algorithms, federation, local, scenarios
+from fedjax_mtl.workdir import run_fields
 from fedjax_mtl.algorithms import plugin_math
 from fedjax_mtl.algorithms.base import ServerState
 from fedjax_mtl.data import real, synthetic
@@ -35,11 +36,6 @@ from fedjax_mtl.state import FedState, GroupState
 
 PyTree = Any
 DATA_SOURCES = ('synthetic', 'real')
-# Config fields that do not change what a run computes: they may change
-# between a run and its resumption (dotted names are nested fields).
-RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'tensorboard', 'eval_edge_ods',
-                    'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
-                    'data.cache_dir', 'distributed')
 # XLA:CPU's `cse_barrier_expander` pass drops the optimisation barriers that
 # `jax.checkpoint` places around the recomputed forward, and CSE then merges the
 # recomputation back into the forward pass: remat would change nothing.
@@ -97,31 +93,6 @@ def load_data(config) -> dict[str, dict[str, dict[str, np.ndarray]]]:
     out[d] = {split: _synthetic(d, split, int(config.data[f'num_{split}'][d]), res,
                                 int(config.data.seed))
               for split in ('train', 'test')}
-  return out
-
-
-def run_fields(config, keep: tuple[str, ...] = ()) -> dict:
-  """The config (or its JSON dict) without the fields a run may change when resumed."""
-  d = json.loads(config if isinstance(config, str) else config.to_json_best_effort())
-  for f in RESUMABLE_FIELDS:
-    if f in keep:
-      continue
-    *parents, last = f.split('.')
-    node = d
-    for p in parents:
-      node = node.get(p, {})
-    node.pop(last, None)
-  return d
-
-
-def flat_fields(d: dict, prefix: str = '') -> dict:
-  """Nested dicts (a config's JSON) as {'a.b': leaf}."""
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict) and v:
-      out.update(flat_fields(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
   return out
 
 

@@ -110,7 +110,7 @@ class InMemoryFeed:
       args = (state.groups[g], start[g], self.train_data[spec.dataset]['train'], state.round,
               state.rng, rounds.num_rounds(exp))
       jobs.append((f'train {spec.dataset} x{spec.num_real}', fn, args))
-      metrics.append(_with_sharding(jax.eval_shape(fn, *args)[1], exp.client_sharding))
+      metrics.append(with_sharding(jax.eval_shape(fn, *args)[1], exp.client_sharding))
     jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), params, start, metrics)))
     jobs.append(('evaluate', self.eval_fn, (state.groups, self.test_data)))
     return jobs
@@ -135,7 +135,7 @@ class InMemoryFeed:
     pass
 
 
-def _with_sharding(tree: PyTree, sharding) -> PyTree:
+def with_sharding(tree: PyTree, sharding) -> PyTree:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
@@ -166,7 +166,7 @@ def device_data(exp: Experiment):
           distributed.put_replicated(test, exp.replicated))
 
 
-_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
 
 class StreamedFeed:
@@ -195,15 +195,15 @@ class StreamedFeed:
     jobs = []
     if jax.process_count() > 1:
       params = [gs.params for gs in state.groups]
-      metrics = [_with_sharding(zero_accs(g, g.num_total), exp.client_sharding)
+      metrics = [with_sharding(zero_accs(g, g.num_total), exp.client_sharding)
                  for g in exp.fed.groups]
       jobs.append(('aggregate', self.agg_fn, (rounds.agg_core(state), params,
                                               rounds.abstract_round_start(exp, params), metrics)))
     for d, source in self.eval_batches.items():
-      batch = _with_sharding(jax.eval_shape(lambda: source[0]), exp.replicated)
+      batch = with_sharding(jax.eval_shape(lambda: source[0]), exp.replicated)
       accs = jax.eval_shape(self.eval_batch_fns[d], state.groups, batch, None)[0]
       jobs.append((f'evaluate {d}', self.eval_batch_fns[d],
-                   (state.groups, batch, _with_sharding(accs, exp.replicated))))
+                   (state.groups, batch, with_sharding(accs, exp.replicated))))
     return jobs
 
   def _iter(self):
@@ -231,7 +231,7 @@ class StreamedFeed:
     feed = self._iter()
     state = rounds.begin_round(self.exp, state)
     groups = list(state.groups)
-    start = (_copy([gs.params for gs in groups]) if self.exp.start_axes is None
+    start = (copy_tree([gs.params for gs in groups]) if self.exp.start_axes is None
              else rounds.round_start(self.exp, [gs.params for gs in groups]))
     accs = [distributed.put_local(zero_accs(g, r.stop - r.start), self.exp.client_sharding,
                                   g.num_total)

@@ -235,7 +235,7 @@ def trainable_mask(labels: PyTree, alg: Algorithm, round_idx: jax.Array) -> PyTr
   return mask
 
 
-def _sgd_step(tx, lr_t, grads, opt_state, params, mask):
+def sgd_step(tx, lr_t, grads, opt_state, params, mask):
   """One optimizer step; frozen leaves keep their value (their step size is zero,
   as a zero learning rate for a parameter group would do: the optimizer's
   moments still see their gradients)."""
@@ -291,14 +291,14 @@ def _make_client_scan(group: GroupSpec, model_train, tx: optax.GradientTransform
       key_t = jax.random.fold_in(key, t)
       (_, (new_bs, slot_loss)), grads = grad_fn(
           cs.params, cs.batch_stats, start, cs, tids, batch, key_t, client.loss)
-      new_params, new_opt = _sgd_step(tx, lr_t, grads, cs.opt_state, cs.params, mask)
+      new_params, new_opt = sgd_step(tx, lr_t, grads, cs.opt_state, cs.params, mask)
       new = cs.replace(params=new_params, batch_stats=new_bs, opt_state=new_opt)
       if client.personal_model:
         p_params, p_bs, p_opt = cs.personal
         (_, (p_new_bs, _)), p_grads = grad_fn(
             p_params, p_bs, start, cs, tids, batch, jax.random.fold_in(key_t, 1),
             client.personal_loss)
-        p_params, p_opt = _sgd_step(tx, lr_t, p_grads, p_opt, p_params, mask)
+        p_params, p_opt = sgd_step(tx, lr_t, p_grads, p_opt, p_params, mask)
         new = new.replace(personal=(p_params, p_new_bs, p_opt))
       keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(m_t, x, y), a, b)
       return keep(new, cs), slot_loss * m_t

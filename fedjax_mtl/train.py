@@ -23,10 +23,9 @@ from fedjax_mtl import (distributed, evaluate, experiment, feeds, preempt, progr
 from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.algorithms.base import unified_mode
 from fedjax_mtl.checkpoint import Checkpointer
-from fedjax_mtl.defaults import base_config
 from fedjax_mtl.errors import ConfigError, DivergedError
-from fedjax_mtl.experiment import (Experiment, build, flat_fields, init_state,  # noqa: F401
-                                   run_fields, train_compiler_options)
+from fedjax_mtl.experiment import (Experiment, build, init_state,  # noqa: F401
+                                   train_compiler_options)
 from fedjax_mtl.feeds import Feed, evaluates_linear
 from fedjax_mtl.state import FedState
 
@@ -110,45 +109,6 @@ def _summary(rnd: int, total: int, dt: float, train_rows, eval_rows) -> str:
   return line
 
 
-# Wrapper blocks that older versions wrote into every config ('masked' is now 'dea').
-RETIRED_BLOCKS = ('masked',)
-
-
-def config_diffs(config, workdir: str) -> list[str]:
-  """Top-level config fields in which `workdir`'s run (its config.json) differs from
-  `config`, ignoring the fields a resumed run may change ([] when none or no run)."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    old = flat_fields(run_fields(f.read()))
-  new = flat_fields(run_fields(config))
-  # A field this version added (absent from the old run's config) matches when the
-  # run uses its default (an algorithm block's too): the old run behaved as the
-  # default does.
-  default = flat_fields(run_fields(base_config()))
-  default.update(flat_fields({name: block.to_dict()
-                        for name, block in validate.block_defaults().items()}))
-  for k in set(new) - set(old):
-    if k in default and new[k] == default[k]:
-      old[k] = new[k]
-  # A retired wrapper block matters only to a run whose algorithm named it.
-  for k in set(old) - set(new):
-    block = k.split('.')[0]
-    if block in RETIRED_BLOCKS and f'{block}(' not in str(old.get('algorithm', '')):
-      del old[k]
-  return sorted({k.split('.')[0] for k in set(old) | set(new) if old.get(k) != new.get(k)})
-
-
-def _check_workdir(config, workdir: str) -> None:
-  """Refuse a workdir holding a run with another config (before writing anything)."""
-  diffs = config_diffs(config, workdir)
-  if diffs:
-    raise ConfigError(
-        f'workdir {workdir!r} holds a run with a different config (fields: '
-        f'{", ".join(diffs)}); use a new --workdir or the same config to resume')
-
-
 def method_label(config) -> str:
   """The method's name in result tables: the algorithm, and FedDEA's unified-model
   decision (spec feddea §6 A1) when the run uses one."""
@@ -180,7 +140,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   validate.check_run(config, workdir)
   distributed.initialize(config)  # before JAX's backends (a no-op for one process)
   with workdir_lib.primary_lock(workdir):  # one writer: before the workdir is read
-    _check_workdir(config, workdir)
+    workdir_lib.check_config(config, workdir)
     return _train_and_evaluate(config, workdir, stop_after)
 
 

@@ -1,4 +1,10 @@
-"""A run's workdir has one writer: an exclusive OS lock held for the run's whole life.
+"""A run's workdir: its config check on resume, and one writer at a time.
+
+**Resume check** (`check_config`): a workdir holding a run of another config is
+refused, comparing `config.json` field by field without the fields a run may
+change when resumed (`RESUMABLE_FIELDS`).
+
+**One writer**: an exclusive OS lock held for the run's whole life.
 
 `lock(workdir)` takes `fcntl.flock` on `<workdir>/.lock`. The kernel releases the
 lock when the process ends, however it ends (a killed run leaves no stale lock,
@@ -30,6 +36,79 @@ from typing import Iterator
 from fedjax_mtl.errors import ConfigError
 
 LOCK_FILE = '.lock'
+
+
+# Config fields that do not change what a run computes: they may change
+# between a run and its resumption (dotted names are nested fields).
+RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'tensorboard', 'eval_edge_ods',
+                    'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
+                    'data.cache_dir', 'distributed')
+
+
+def run_fields(config, keep: tuple[str, ...] = ()) -> dict:
+  """The config (or its JSON dict) without the fields a run may change when resumed."""
+  d = json.loads(config if isinstance(config, str) else config.to_json_best_effort())
+  for f in RESUMABLE_FIELDS:
+    if f in keep:
+      continue
+    *parents, last = f.split('.')
+    node = d
+    for p in parents:
+      node = node.get(p, {})
+    node.pop(last, None)
+  return d
+
+
+def flat_fields(d: dict, prefix: str = '') -> dict:
+  """Nested dicts (a config's JSON) as {'a.b': leaf}."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(flat_fields(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+# Wrapper blocks that older versions wrote into every config ('masked' is now 'dea').
+RETIRED_BLOCKS = ('masked',)
+
+
+def config_diffs(config, workdir: str) -> list[str]:
+  """Top-level config fields in which `workdir`'s run (its config.json) differs from
+  `config`, ignoring the fields a resumed run may change ([] when none or no run)."""
+  from fedjax_mtl import validate
+  from fedjax_mtl.defaults import base_config
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    old = flat_fields(run_fields(f.read()))
+  new = flat_fields(run_fields(config))
+  # A field this version added (absent from the old run's config) matches when the
+  # run uses its default (an algorithm block's too): the old run behaved as the
+  # default does.
+  default = flat_fields(run_fields(base_config()))
+  default.update(flat_fields({name: block.to_dict()
+                        for name, block in validate.block_defaults().items()}))
+  for k in set(new) - set(old):
+    if k in default and new[k] == default[k]:
+      old[k] = new[k]
+  # A retired wrapper block matters only to a run whose algorithm named it.
+  for k in set(old) - set(new):
+    block = k.split('.')[0]
+    if block in RETIRED_BLOCKS and f'{block}(' not in str(old.get('algorithm', '')):
+      del old[k]
+  return sorted({k.split('.')[0] for k in set(old) | set(new) if old.get(k) != new.get(k)})
+
+
+def check_config(config, workdir: str) -> None:
+  """Refuse a workdir holding a run with another config (before writing anything)."""
+  diffs = config_diffs(config, workdir)
+  if diffs:
+    raise ConfigError(
+        f'workdir {workdir!r} holds a run with a different config (fields: '
+        f'{", ".join(diffs)}); use a new --workdir or the same config to resume')
 
 
 class WorkdirLocked(ConfigError):

@@ -678,7 +678,7 @@ def bench_dea_engine(datasets=('nyud', 'pascal'), repeats: int = 5,
       out[f'{ds}_{alg}_compile_s'] = time.perf_counter() - t0
 
       def run(compiled=compiled, base=base, start=start, metrics=metrics):
-        fresh = jax.block_until_ready(feeds._copy(base))
+        fresh = jax.block_until_ready(feeds.copy_tree(base))
         t0 = time.perf_counter()
         jax.block_until_ready(rounds.aggregate(compiled, fresh, start, metrics))
         return time.perf_counter() - t0
@@ -741,7 +741,7 @@ def bench_unified_memory(datasets=('nyud', 'pascal'), encoders=('swin_t', 'resne
         mem = fn.lower(state.groups[0], start[0], feed_data[ds]['train'], state.round,
                        state.rng, rounds.num_rounds(e)).compile().memory_analysis()
         compile_s = time.perf_counter() - t0
-        metrics = feeds._with_sharding(jax.eval_shape(
+        metrics = feeds.with_sharding(jax.eval_shape(
             fn, state.groups[0], start[0], feed_data[ds]['train'], state.round, state.rng,
             rounds.num_rounds(e))[1], e.client_sharding)
         agg = rounds.make_agg_fn(e).lower(rounds.agg_core(state), params, start,
@@ -772,10 +772,10 @@ TRAIN_IMAGES = {'nyud': 32, 'pascal': 200}
 def vit_lora_runner(batch: int = 32, resolution: int = 224, rank: int = 16):
   """(run, step): one training step of LoRA (rank 16 on q/v) + a 10-class head on a
   frozen ViT-B/32 at 224, batch 32, AdamW, as one (client, task) pair of the
-  many-task round trains (`manytask.model.make_forward`, `local._sgd_step`);
+  many-task round trains (`manytask.model.make_forward`, `local.sgd_step`);
   params and optimizer state donated, one call per step."""
   import ml_collections
-  from fedjax_mtl.local import _sgd_step, make_optimizer
+  from fedjax_mtl.local import sgd_step, make_optimizer
   from fedjax_mtl.manytask import model as many_model
   from fedjax_mtl.models import vit
   cfg = ml_collections.ConfigDict({'model': 'vit_b32', 'resolution': resolution,
@@ -789,7 +789,7 @@ def vit_lora_runner(batch: int = 32, resolution: int = 224, rank: int = 16):
   def step(params, opt, backbone, images, labels):
     loss, grads = jax.value_and_grad(
         lambda p: many_model.cross_entropy(forward(backbone, p, images, 0), labels))(params)
-    return _sgd_step(tx, 1e-3, grads, opt, params, None) + (loss,)
+    return sgd_step(tx, 1e-3, grads, opt, params, None) + (loss,)
 
   fn = jax.jit(step, donate_argnums=(0, 1))
   key = jax.random.PRNGKey(1)
@@ -896,7 +896,7 @@ def bench_matu_client(repeats: int = 3) -> dict:
   from fedjax_mtl.manytask.feed import RoundFeed
   cfg = config_doc.load_config('configs/matu.py:mini8,table=2')
   run = many_run.build(cfg)
-  images, labels, _ = many_run._concat(run.data.train)
+  images, labels, _ = many_run.concat_split(run.data.train)
   feed = RoundFeed(run.setting, images, labels, 'device')
   slots = jnp.asarray(run.setting.schedule[0])
   holder = {'state': many_run.init_state(run)}
@@ -943,7 +943,7 @@ def bench_many_memory(slots=(1, 6), model: str = 'vit_b32', resolution: int = 22
     m.num_train, m.num_test = 2 * batch * 4, 8
     run = many_run.build(c)
     state = jax.eval_shape(lambda: many_run.init_state(run))
-    images, labels, _ = many_run._concat(run.data.train)
+    images, labels, _ = many_run.concat_split(run.data.train)
     size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
     t0 = time.perf_counter()
     rows = run.setting.index_table[run.setting.schedule[0]]

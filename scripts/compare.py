@@ -263,7 +263,7 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
   or for a run folder in use by another process (WorkdirLocked, naming it). With
   `hold`, each run folder's lock (`fedjax_mtl.workdir`) is taken into it before the
   folder is read, so that no other run enters it while the comparison lasts."""
-  from fedjax_mtl import train, validate  # imports jax
+  from fedjax_mtl import validate  # imports jax
   plan, names = [], set()
   for item in run_args:
     name, eq, spec = item.partition('=')
@@ -290,7 +290,7 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
         hold.enter_context(workdir_lib.lock(wd))
       else:
         workdir_lib.check_free(wd)
-      diffs = train.config_diffs(cfg, wd)
+      diffs = workdir_lib.config_diffs(cfg, wd)
       if diffs and not rerun_changed:
         raise ConfigError(
             f'{wd} holds a run of {name} seed {seed} with another config (fields: '

@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from conftest import tiny_config, snapshot
-from fedjax_mtl import train
+from fedjax_mtl import train, workdir
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError
 
@@ -122,10 +122,10 @@ def test_workdir_of_an_older_version_resumes_when_new_fields_keep_defaults(tmp_p
   old = json.loads(cfg.to_json_best_effort())
   del old['data']['augment']  # a field this version added
   (tmp_path / 'config.json').write_text(json.dumps(old))
-  train._check_workdir(cfg, str(tmp_path))  # the default: the old run behaved the same
+  workdir.check_config(cfg, str(tmp_path))  # the default: the old run behaved the same
   other = tiny_config(**{'data.augment': 'device'})
   with pytest.raises(ConfigError, match=r'different config \(fields: data\)'):
-    train._check_workdir(other, str(tmp_path))
+    workdir.check_config(other, str(tmp_path))
   # An algorithm block a config file added since, at its defaults, matches too; the
   # retired 'masked' block (now 'dea') matters only to a run whose algorithm named it.
   from fedjax_mtl.algorithms import fedacg
@@ -135,11 +135,11 @@ def test_workdir_of_an_older_version_resumes_when_new_fields_keep_defaults(tmp_p
   new = tiny_config()
   new.fedacg = fedacg.default_config()
   del new['dea']
-  train._check_workdir(new, str(tmp_path))
+  workdir.check_config(new, str(tmp_path))
   new.fedacg.lam = 0.5
   with pytest.raises(ConfigError, match=r'different config \(fields: fedacg\)'):
-    train._check_workdir(new, str(tmp_path))
+    workdir.check_config(new, str(tmp_path))
   old['algorithm'] = 'masked(fedavg)'
   (tmp_path / 'config.json').write_text(json.dumps(old))
   with pytest.raises(ConfigError, match=r'different config \(fields: algorithm, masked\)'):
-    train._check_workdir(tiny_config(), str(tmp_path))
+    workdir.check_config(tiny_config(), str(tmp_path))

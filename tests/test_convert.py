@@ -33,7 +33,7 @@ def _mmseg_sd(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _assert_trees_equal(a, b):
-  fa, fb = convert._flatten(a), convert._flatten(b)
+  fa, fb = convert.flatten_tree(a), convert.flatten_tree(b)
   assert fa.keys() == fb.keys()
   for k in fa:
     np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]), err_msg=str(k))

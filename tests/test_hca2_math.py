@@ -12,6 +12,7 @@ import pytest
 import scipy.optimize as so
 
 from fedjax_mtl.algorithms import hca2_math as h
+from fedjax_mtl.algorithms import rows as row_lib
 from fedjax_mtl.federation import consecutive_group_ids
 
 C = 0.4
@@ -154,8 +155,9 @@ def test_delta_gram_chunked_pass_matches_numpy(n):
   # Leaf sizes reach every path: the large-chunk loop with an exact split, the
   # small-chunk loop with a tail, and a single block.
   rng = np.random.default_rng(1)
-  sizes = {"big": 2 * h._GRAM_CHUNK + 7 * 1024, "mid": 3 * h._GRAM_CHUNK_SMALL + 11, "small": 37}
-  assert h._chunking(sizes["mid"], h._GRAM_CHUNK_SMALL)[0] * 3 != sizes["mid"]  # has a tail
+  sizes = {"big": 2 * row_lib.GRAM_CHUNK + 7 * 1024, "mid": 3 * row_lib.GRAM_CHUNK_SMALL + 11,
+           "small": 37}
+  assert row_lib.chunking(sizes["mid"], row_lib.GRAM_CHUNK_SMALL)[0] * 3 != sizes["mid"]  # has a tail
   local = {k: rng.standard_normal((n, d)).astype(np.float32) for k, d in sizes.items()}
   prev = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in local.items()}
   probe = {k: rng.standard_normal(d).astype(np.float32) for k, d in sizes.items()}

@@ -95,8 +95,8 @@ def init_state_of(run):
 
 def _round1(run):
   from fedjax_mtl.manytask.feed import RoundFeed
-  from fedjax_mtl.manytask.run import _concat, init_state
-  images, labels, _ = _concat(run.data.train)
+  from fedjax_mtl.manytask.run import concat_split, init_state
+  images, labels, _ = concat_split(run.data.train)
   state = init_state(run)
   slots = jnp.asarray(run.setting.schedule[0])
   return run.round_fn(state, run.backbone, slots,
@@ -280,7 +280,7 @@ def test_frozen_zero_shot_heads(tmp_path):
   """A CLIP tower with the frozen heads of scripts/zeroshot_heads.py: nothing but the
   adapters trains or is uploaded, and at round 0 (B = 0) the evaluation is the
   zero-shot classifier of the frozen model, exp(scale) * normalize(emb) @ W."""
-  from fedjax_mtl.manytask.run import _concat, init_state
+  from fedjax_mtl.manytask.run import concat_split, init_state
   from fedjax_mtl.data import image_preprocess
   from fedjax_mtl.models import zeroshot
   tasks = ('digits', 'shapes')
@@ -294,7 +294,7 @@ def test_frozen_zero_shot_heads(tmp_path):
   run = run_lib.build(cfg)
   assert set(run.roles.values()) == {'encoder', 'decoder'}  # no head parameters
   state = init_state(run)
-  test = jax.device_put(_concat(run.data.test))
+  test = jax.device_put(concat_split(run.data.test))
   right, _ = run.eval_fn(state, run.backbone, jnp.asarray(run.eval_pairs), *test)
   params = model_lib.merge(run.backbone, run.trainable)
   for t, task in enumerate(tasks):

@@ -196,9 +196,9 @@ def test_round_feed_gives_the_device_feed_bitwise(fedavg_run):
   """`many.feed='round'` (only the round's samples on the device, renumbered) trains
   exactly as the whole training set on the device: bitwise the same round."""
   from fedjax_mtl.manytask.feed import RoundFeed
-  from fedjax_mtl.manytask.run import _concat, init_state
+  from fedjax_mtl.manytask.run import concat_split, init_state
   run = fedavg_run
-  images, labels, _ = _concat(run.data.train)
+  images, labels, _ = concat_split(run.data.train)
   slots = jnp.asarray(run.setting.schedule[1])
   got = {}
   for mode in ('device', 'round'):

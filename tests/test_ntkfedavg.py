@@ -215,7 +215,7 @@ def test_evaluation_b_is_logged_and_is_the_model_at_its_linearisation_point(tmp_
   b = {r['task']: r['value'] for r in rows if r['metric'] == 'loss_linear'}
   assert a.keys() == b.keys() and any(abs(a[t] - b[t]) > 1e-3 for t in a)
   run = run_lib.build(cfg)
-  test = run_lib._concat(run.data.test)
+  test = run_lib.concat_split(run.data.test)
   state = out['state']
   same = run_lib.evaluate(run, state, test, start=state.shared)
   get = lambda m: np.array([r['value'] for r in same if r['metric'] == m])
@@ -315,7 +315,7 @@ def test_zero_shot_head_is_applied_after_the_linearised_embedding(tmp_path):
   theta = {k: v + 0.3 * jax.random.normal(jax.random.PRNGKey(i), v.shape)
            for i, (k, v) in enumerate(sorted(c.items()))}
   state = state.replace(shared=theta)
-  test = run_lib._concat(run.data.test)
+  test = run_lib.concat_split(run.data.test)
   rows = run_lib.evaluate(run, state, test, start=c)
   for t, task in enumerate(('digits', 'shapes')):
     images, labels = run.data.test[t]
@@ -340,7 +340,7 @@ def test_pretrained_linearisation_point_is_the_origin_every_round():
           for p in ('server', 'pretrained')]
   states = []
   for run in runs:
-    images, labels, _ = run_lib._concat(run.data.train)
+    images, labels, _ = run_lib.concat_split(run.data.train)
     feed = RoundFeed(run.setting, images, labels, 'device')
     state = run_lib.init_state(run)
     out = []

@@ -407,10 +407,10 @@ def test_deeplab_head_dilated_branches_and_pooling_on_a_small_map():
 
 def test_atrous_conv_is_the_padded_dilated_conv_and_its_centre_tap_beyond_the_map():
   from fedjax_mtl.models import deeplab
-  from fedjax_mtl.models.resnet import _conv
+  from fedjax_mtl.models.resnet import conv_layer
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 5))
   for rate in (2, 7, 8, 36):  # below the map size: a real conv; from 8 up: the centre tap
-    ref = _conv(4, 3, 1, rate, jnp.float32, 'c')
+    ref = conv_layer(4, 3, 1, rate, jnp.float32, 'c')
     v = ref.init(jax.random.PRNGKey(1), x)
     got = deeplab.AtrousConv(4, rate).apply(v, x)
     np.testing.assert_allclose(got, ref.apply(v, x), rtol=1e-5, atol=1e-5, err_msg=str(rate))

@@ -32,6 +32,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+# Rows of stacked pytrees are part of the algorithm API (rules import them from here).
+from fedjax_mtl.algorithms.rows import (Blocks, block_rows, deviation_gram,  # noqa: F401
+                                        num_rows, row_offsets, stack, unstack)
+
 PyTree = Any
 Views = dict  # role -> stacked pytree [rows, ...]
 
@@ -105,51 +109,6 @@ class Server(NamedTuple):
   init: Callable[[Views], ServerState]
   apply: Callable[[ServerState, ServerInputs], tuple[Views, ServerState, dict]]
   blocks: bool = False
-
-
-class Blocks(NamedTuple):
-  """A role's rows left in the client groups' own arrays: `parts[g]` holds the
-  rows of group g (leading axis), in stacked-row order, so `stack(blocks)` is
-  the `[rows, ...]` view. A pytree: an elementwise `jax.tree.map` over views of
-  one structure works on it as on stacked rows, without the concatenated copy
-  (at Swin-T scale, 110 MB per client and view)."""
-  parts: tuple
-
-
-def stack(view: PyTree) -> PyTree:
-  """The `[rows, ...]` tree of a `Blocks` view (other views pass through)."""
-  if not isinstance(view, Blocks):
-    return view
-  if len(view.parts) == 1:
-    return view.parts[0]
-  return jax.tree.map(lambda *xs: jnp.concatenate(xs, 0), *view.parts)
-
-
-def block_rows(view: Blocks) -> tuple[int, ...]:
-  """Rows in each part of a `Blocks` view."""
-  return tuple(num_rows(p) if jax.tree.leaves(p) else 0 for p in view.parts)
-
-
-def unstack(stacked: PyTree, sizes: tuple[int, ...]) -> Blocks:
-  """`[rows, ...]` rows split into `Blocks` of `sizes` rows (the inverse of `stack`)."""
-  if len(sizes) == 1:
-    return Blocks((stacked,))
-  bounds = [0]
-  for n in sizes:
-    bounds.append(bounds[-1] + n)
-  return Blocks(tuple(jax.tree.map(lambda x, lo=lo, hi=hi: x[lo:hi], stacked)
-                      for lo, hi in zip(bounds[:-1], bounds[1:])))
-
-
-def row_offsets(view: PyTree) -> list[tuple[int, PyTree]]:
-  """`(first row, part)` of every part of a view (one part for a stacked tree)."""
-  if not isinstance(view, Blocks):
-    return [(0, view)]
-  out, lo = [], 0
-  for p, n in zip(view.parts, block_rows(view)):
-    out.append((lo, p))
-    lo += n
-  return out
 
 
 class ClientCtx(NamedTuple):
@@ -364,23 +323,3 @@ def sq_dist_trees(a: PyTree, b: PyTree) -> jax.Array:
   """‖a - b‖² over all leaves of two trees of one structure."""
   return sum(jnp.sum(jnp.square(x.astype(jnp.float32) - y.astype(jnp.float32)))
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
-def num_rows(stacked: PyTree) -> int:
-  """The (static) leading axis every leaf of a stacked pytree shares."""
-  leaves = jax.tree.leaves(stacked)
-  if not leaves:
-    raise ValueError('empty stacked pytree')
-  sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
-  if len(sizes) != 1 or None in sizes:
-    raise ValueError(f'leaves must share a leading rows axis, got sizes {sizes}')
-  return sizes.pop()
-
-
-def deviation_gram(stacked: PyTree, valid: jax.Array | None = None) -> jax.Array:
-  """Gram matrix [N, N] of the flattened rows' deviations from their mean (over the
-  `valid` rows only, when given), accumulated leaf by leaf in column chunks (no
-  [N, D] copy, no leaf-sized temporary); exactly symmetric."""
-  from fedjax_mtl.algorithms import hca2_math  # the chunked Gram pass lives there
-  num_rows(stacked)
-  return hca2_math.deviation_gram(stacked, valid)

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedjax_mtl.data.pascal_context import IGNORE, PascalContext, select_subset, _default_drop
+from fedjax_mtl.data.pascal_context import IGNORE, PascalContext, select_subset, default_drop
 
 FORMAT_VERSION = 1
 COMPLETE = 'COMPLETE'
@@ -227,7 +227,7 @@ class CachedDataset:
     self.reproduce_parts_index_bug = bool(reproduce_parts_index_bug)
     full_flags = self.meta.get('has_human_parts')
     parts = 'human_parts' in self.tasks
-    drop = parts and _default_drop(self.tasks, drop_images_without_humans)
+    drop = parts and default_drop(self.tasks, drop_images_without_humans)
     self.source_indices, flags = select_subset(
         len(self.all_ids), indices, np.asarray(full_flags, bool) if parts and full_flags is not None else None,
         self.reproduce_parts_index_bug, drop)

@@ -354,7 +354,7 @@ _HSV_TABLES = None
 def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   global _HSV_TABLES
   if _HSV_TABLES is None:
-    _HSV_TABLES = T._hsv_tables()
+    _HSV_TABLES = T.hsv_tables()
   return _HSV_TABLES
 
 

@@ -271,7 +271,7 @@ def select_subset(n_full: int, indices: Sequence[int] | None, full_flags: np.nda
   return pos, flags
 
 
-def _default_drop(tasks: Sequence[str], drop: bool | None) -> bool:
+def default_drop(tasks: Sequence[str], drop: bool | None) -> bool:
   # Reference: a parts-only dataset keeps only images with humans.
   return (tuple(tasks) == ('human_parts',)) if drop is None else bool(drop)
 
@@ -331,7 +331,7 @@ class PascalContext:
     if 'human_parts' in self.tasks:
       require_file(os.path.join(self.root, 'json', 'pascal_part.json'))
 
-    drop = 'human_parts' in self.tasks and _default_drop(self.tasks, drop_images_without_humans)
+    drop = 'human_parts' in self.tasks and default_drop(self.tasks, drop_images_without_humans)
     needs_flags = 'human_parts' in self.tasks and (
         drop or (self.reproduce_parts_index_bug and indices is not None))
     full_flags = self.human_flags() if needs_flags else None

@@ -24,7 +24,7 @@ from fedjax_mtl.data.transforms import train_transforms
 Batch = dict[str, np.ndarray]
 
 
-def _seed32(*parts: int) -> int:
+def seed32(*parts: int) -> int:
   """A 32-bit seed derived from integer parts (grain wants ints below 2**32)."""
   return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
@@ -52,7 +52,7 @@ class _Reindexed:
 def _apply(ds: grain.MapDataset, transforms: Sequence[Any], seed: int) -> grain.MapDataset:
   for k, t in enumerate(transforms):
     if isinstance(t, grain.transforms.RandomMap):
-      ds = ds.random_map(t, seed=_seed32(seed, k))
+      ds = ds.random_map(t, seed=seed32(seed, k))
     elif isinstance(t, grain.transforms.Map):
       ds = ds.map(t)
     elif callable(t):
@@ -72,7 +72,7 @@ def _ensure_absl_flags_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
-def _iterate(ds: grain.MapDataset, worker_count: int, read_threads: int,
+def iterate_dataset(ds: grain.MapDataset, worker_count: int, read_threads: int,
              prefetch_batches: int) -> Iterator[Batch]:
   threads = read_threads if worker_count == 0 else min(read_threads, 1)
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
@@ -114,9 +114,9 @@ def train_loader(source: Any, indices: Sequence[int] | None, batch_size: int, se
   idx = np.arange(len(source)) if indices is None else indices
   order = epoch_order(idx, seed, epoch)
   ds = grain.MapDataset.source(_Reindexed(source, order))
-  ds = _apply(ds, transforms, _seed32(seed, epoch, 1))
+  ds = _apply(ds, transforms, seed32(seed, epoch, 1))
   ds = ds.batch(batch_size, drop_remainder=True)
-  return _iterate(ds, worker_count, read_threads, prefetch_batches)
+  return iterate_dataset(ds, worker_count, read_threads, prefetch_batches)
 
 
 def eval_loader(source: Any, batch_size: int, transforms: Sequence[Any], indices: Sequence[int] | None = None,
@@ -125,7 +125,7 @@ def eval_loader(source: Any, batch_size: int, transforms: Sequence[Any], indices
   idx = np.arange(len(source)) if indices is None else np.asarray(indices, np.int64)
   ds = grain.MapDataset.source(_Reindexed(source, idx))
   ds = _apply(ds, transforms, 0).batch(batch_size, drop_remainder=False)
-  return _iterate(ds, worker_count, read_threads, prefetch_batches)
+  return iterate_dataset(ds, worker_count, read_threads, prefetch_batches)
 
 
 def stack_clients(batches_per_client: Sequence[Mapping[str, np.ndarray]]) -> Batch:

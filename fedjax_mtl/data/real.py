@@ -239,7 +239,7 @@ class TrainChunks:
     return rnd * self.per_round
 
   def _order(self, cid: int, count: int, epoch: int) -> np.ndarray:
-    return pipeline.epoch_order(np.arange(count), pipeline._seed32(self.seed, cid), epoch)
+    return pipeline.epoch_order(np.arange(count), pipeline.seed32(self.seed, cid), epoch)
 
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     rnd, g, c = self.table[int(i)]
@@ -311,7 +311,7 @@ def iterate(source: Any, start: int = 0, workers: int = 0, threads: int = 2,
             prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
   """Elements of `source` from `start` on, in order (grain threads or processes)."""
   ds = grain.MapDataset.source(source)[start:]
-  return pipeline._iterate(ds, workers, threads, prefetch)
+  return pipeline.iterate_dataset(ds, workers, threads, prefetch)
 
 
 def check_eval_sizes(config, dataset: str, ds: CachedDataset) -> None:

@@ -261,7 +261,7 @@ def random_scale_crop_flip(sample: Mapping[str, np.ndarray], rng: np.random.Gene
 
 # --------------------------------------------------------------------------- colour
 
-def _hsv_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def hsv_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """OpenCV 8-bit HSV tables: fixed-point divisors and float32 HSV->RGB factors.
 
   RGB->HSV uses OpenCV's 12-bit fixed point (sdiv = round(255*2^12/v),
@@ -288,7 +288,7 @@ def _hsv_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   return sdiv, hdiv, rgb
 
 
-_SDIV, _HDIV, _RGB_FACTORS = _hsv_tables()
+_SDIV, _HDIV, _RGB_FACTORS = hsv_tables()
 
 
 def rgb_to_hsv_u8(img: np.ndarray) -> np.ndarray:

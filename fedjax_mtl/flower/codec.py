@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from fedjax_mtl import experiment
+from fedjax_mtl import workdir
 from fedjax_mtl.federation import Federation
 
 PyTree = Any
@@ -77,7 +77,7 @@ def group_piece(rows: PyTree, role: str) -> PyTree:
 def shared_fields(config) -> str:
   """The config fields server and clients must agree on, as JSON (what the server
   sends at the handshake): every run field except `LOCAL_FIELDS`."""
-  flat = experiment.flat_fields(experiment.run_fields(config))
+  flat = workdir.flat_fields(workdir.run_fields(config))
   keep = {k: v for k, v in flat.items()
           if not any(k == f or k.startswith(f + '.') for f in LOCAL_FIELDS)}
   return json.dumps(keep, sort_keys=True)

@@ -39,7 +39,7 @@ import numpy as np
 
 from fedjax_mtl.algorithms.base import (Algorithm, ClientCtx, ServerInputs, ServerState,
                                         linear_outputs, role_view)
-from fedjax_mtl.local import _sgd_step
+from fedjax_mtl.local import sgd_step
 from fedjax_mtl.rounds import finite_rows
 from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask.setting import Setting
@@ -191,7 +191,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
       params, opt = carry
       i, m = inp
       loss, grads = grad_fn(params, start, backbone, images[i], labels[i], task)
-      new, new_opt = _sgd_step(tx, lr, grads, opt, params, None)
+      new, new_opt = sgd_step(tx, lr, grads, opt, params, None)
       keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(m, x, y), a, b)
       return (keep(new, params), keep(new_opt, opt)), loss * m
 

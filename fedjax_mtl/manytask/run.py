@@ -120,7 +120,7 @@ class Run:
   # else None.
   eval_linear_fn: object = None
   # NTKFedAvg's in-run server-α tuning (spec A.3): the server-held validation split
-  # (`_concat` layout), the grid and `engine.make_alpha_tuner`'s program; else None.
+  # (`concat_split` layout), the grid and `engine.make_alpha_tuner`'s program; else None.
   val: object = None
   alphas: np.ndarray | None = None
   alpha_tune_fn: object = None
@@ -179,7 +179,7 @@ def build(config) -> Run:
     tune_fn = engine.make_alpha_tuner(setting, model, np.array([len(y) for _, y in val]),
                                       int(config.eval_batch_size), alphas, heads)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
-             val=jax.device_put(_concat(val)) if val is not None else None, alphas=alphas,
+             val=jax.device_put(concat_split(val)) if val is not None else None, alphas=alphas,
              alpha_tune_fn=tune_fn,
              trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
              eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where),
@@ -265,7 +265,7 @@ def upload_bits(run: Run) -> np.ndarray:
   return np.array(bits + [0], np.float64)
 
 
-def _concat(split) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def concat_split(split) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   images = np.concatenate([x for x, _ in split])
   labels = np.concatenate([y for _, y in split]).astype(np.int32)
   offsets = np.concatenate([[0], np.cumsum([len(y) for _, y in split])[:-1]]).astype(np.int32)
@@ -353,8 +353,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
 
 def _train_and_evaluate(config, workdir: str, stop_after: int | None) -> dict:
   run = build(config)  # every input is read (and checked) before anything is written
-  from fedjax_mtl.train import _check_workdir
-  _check_workdir(config, workdir)
+  workdir_lib.check_config(config, workdir)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   timing_path = os.path.join(workdir, 'timing.jsonl')
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
@@ -371,8 +370,8 @@ def _train_and_evaluate(config, workdir: str, stop_after: int | None) -> dict:
       if os.path.exists(path):
         os.remove(path)
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  feed = RoundFeed(run.setting, *_concat(run.data.train)[:2], config.many.feed)
-  test = jax.device_put(_concat(run.data.test))
+  feed = RoundFeed(run.setting, *concat_split(run.data.train)[:2], config.many.feed)
+  test = jax.device_put(concat_split(run.data.test))
   bits = upload_bits(run)
   schedule = jnp.asarray(run.setting.schedule)
   total = int(config.num_rounds)

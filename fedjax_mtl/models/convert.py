@@ -100,17 +100,17 @@ def _torch_shape(shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
   return tuple(shape)
 
 
-def _flatten(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+def flatten_tree(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
   out: dict[tuple[str, ...], Any] = {}
   for k, v in tree.items():
     if isinstance(v, Mapping):
-      out.update(_flatten(v, prefix + (k,)))
+      out.update(flatten_tree(v, prefix + (k,)))
     else:
       out[prefix + (k,)] = v
   return out
 
 
-def _unflatten(flat: Mapping[tuple[str, ...], Any]) -> Params:
+def unflatten_tree(flat: Mapping[tuple[str, ...], Any]) -> Params:
   out: Params = {}
   for path, v in flat.items():
     node = out
@@ -210,13 +210,13 @@ def _resolve_model(model: str | swin_lib.SwinTransformer) -> tuple[swin_lib.Swin
 def _expected(model: swin_lib.SwinTransformer) -> dict[str, tuple[tuple[str, ...], str, tuple]]:
   """mmseg name -> (flax path, kind, flax shape) for every param of ``model``."""
   out = {}
-  for path, s in _flatten(swin_lib.param_shapes(model)).items():
+  for path, s in flatten_tree(swin_lib.param_shapes(model)).items():
     name, kind = _flax_path_to_mmseg(path, len(s.shape))
     out[name] = (path, kind, tuple(s.shape))
   return out
 
 
-def _fmt_keys(keys: list[str]) -> str:
+def fmt_keys(keys: list[str]) -> str:
   keys = sorted(keys)
   shown = ', '.join(keys[:_MAX_LISTED])
   more = len(keys) - _MAX_LISTED
@@ -235,7 +235,7 @@ def detect_source(keys: list[str] | Mapping[str, Any]) -> str:
     return 'swin'
   raise ValueError(
     "cannot detect checkpoint naming: expected keys starting with 'stages.' (mmseg) "
-    f"or 'layers.' (swin/timm); first keys: {_fmt_keys(keys[:_MAX_LISTED])}"
+    f"or 'layers.' (swin/timm); first keys: {fmt_keys(keys[:_MAX_LISTED])}"
   )
 
 
@@ -293,9 +293,9 @@ def convert_state_dict(
   if unknown or missing:
     parts = []
     if unknown:
-      parts.append(f'{len(unknown)} unknown key(s): {_fmt_keys(unknown)}')
+      parts.append(f'{len(unknown)} unknown key(s): {fmt_keys(unknown)}')
     if missing:
-      parts.append(f'{len(missing)} missing key(s): {_fmt_keys(missing)}')
+      parts.append(f'{len(missing)} missing key(s): {fmt_keys(missing)}')
     raise ValueError(f'{source} state dict does not match {model_name}: ' + '; '.join(parts))
 
   flat: dict[tuple[str, ...], np.ndarray] = {}
@@ -313,7 +313,7 @@ def convert_state_dict(
     if source != 'mmseg' and _is_merge_param(name):
       value = concat_to_unfold_order(value)
     flat[path] = np.ascontiguousarray(_from_torch_layout(value, kind))
-  return _unflatten(flat)
+  return unflatten_tree(flat)
 
 
 def to_state_dict(params: Mapping[str, Any], naming: str = 'mmseg') -> dict[str, np.ndarray]:
@@ -323,7 +323,7 @@ def to_state_dict(params: Mapping[str, Any], naming: str = 'mmseg') -> dict[str,
   if 'params' in params and len(params) == 1:
     params = params['params']
   out: dict[str, np.ndarray] = {}
-  for path, value in _flatten(params).items():
+  for path, value in flatten_tree(params).items():
     value = np.asarray(value)
     name, kind = _flax_path_to_mmseg(path, value.ndim)
     value = _to_torch_layout(value, kind)
@@ -380,14 +380,14 @@ def save_npz_params(params: Mapping[str, Any], path: str | os.PathLike) -> None:
   """Write a flax param tree to .npz with '/'-joined keys."""
   if 'params' in params and len(params) == 1:
     params = params['params']
-  flat = {'/'.join(p): np.asarray(v) for p, v in _flatten(params).items()}
+  flat = {'/'.join(p): np.asarray(v) for p, v in flatten_tree(params).items()}
   np.savez(path, **flat)
 
 
 def load_npz_params(path: str | os.PathLike) -> Params:
   """Read an .npz written by :func:`save_npz_params` back into a nested param dict."""
   with np.load(path, allow_pickle=False) as f:
-    return _unflatten({tuple(k.split('/')): f[k] for k in f.files})
+    return unflatten_tree({tuple(k.split('/')): f[k] for k in f.files})
 
 
 def load_pretrained(
@@ -399,7 +399,7 @@ def load_pretrained(
   """Load a checkpoint (PyTorch or converted .npz) as validated flax params for ``model``."""
   sd = load_checkpoint(path)
   if sd and all('/' in k for k in sd):  # already a converted flax .npz: validate via round trip
-    sd = to_state_dict(_unflatten({tuple(k.split('/')): v for k, v in sd.items()}))
+    sd = to_state_dict(unflatten_tree({tuple(k.split('/')): v for k, v in sd.items()}))
     source = 'mmseg'
   return convert_state_dict(sd, model, source, **kwargs)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.models import resnet as resnet_lib
-from fedjax_mtl.models.convert import _flatten, _fmt_keys, _unflatten, load_checkpoint
+from fedjax_mtl.models.convert import flatten_tree, fmt_keys, unflatten_tree, load_checkpoint
 
 Tree = dict[str, Any]
 _IGNORED = (r'fc\..*', r'.*num_batches_tracked')
@@ -47,7 +47,7 @@ def resnet_params_from_torch(
   sd = dict(state_dict)
   if sd and all(k.startswith('module.') for k in sd):  # DistributedDataParallel wrapper
     sd = {k[len('module.'):]: v for k, v in sd.items()}
-  expected = _flatten(variable_shapes(model))
+  expected = flatten_tree(variable_shapes(model))
   found: dict[tuple[str, ...], str] = {}
   unexpected = []
   for key in sd:
@@ -60,9 +60,9 @@ def resnet_params_from_torch(
       unexpected.append(key)
   missing = [_flax_to_torch(p) for p in expected if p not in found]
   if unexpected or missing:
-    parts = [f'{len(unexpected)} unexpected key(s): {_fmt_keys(unexpected)}'] if unexpected else []
+    parts = [f'{len(unexpected)} unexpected key(s): {fmt_keys(unexpected)}'] if unexpected else []
     if missing:
-      parts.append(f'{len(missing)} missing key(s): {_fmt_keys(missing)}')
+      parts.append(f'{len(missing)} missing key(s): {fmt_keys(missing)}')
     raise ConfigError('ResNet state dict does not match the model: ' + '; '.join(parts))
   flat = {}
   for path, key in found.items():
@@ -74,7 +74,7 @@ def resnet_params_from_torch(
       raise ConfigError(f'ResNet state dict: shape mismatch for {key!r}: checkpoint '
                         f'{tuple(value.shape)} vs model {want}')
     flat[path] = np.ascontiguousarray(value.transpose(2, 3, 1, 0) if value.ndim == 4 else value)
-  tree = _unflatten(flat)
+  tree = unflatten_tree(flat)
   return tree['params'], tree['batch_stats']
 
 
@@ -105,7 +105,7 @@ def _flax_to_torch(path: tuple[str, ...]) -> str:
 def resnet_state_dict_from_flax(params: Tree, batch_stats: Tree) -> dict[str, np.ndarray]:
   """Inverse of :func:`resnet_params_from_torch` (no ``fc`` or ``num_batches_tracked``)."""
   out = {}
-  for path, value in _flatten({'params': params, 'batch_stats': batch_stats}).items():
+  for path, value in flatten_tree({'params': params, 'batch_stats': batch_stats}).items():
     value = np.asarray(value)
     out[_flax_to_torch(path)] = value.transpose(3, 2, 0, 1) if value.ndim == 4 else value
   return out

@@ -62,7 +62,7 @@ import numpy as np
 
 from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.models import vit
-from fedjax_mtl.models.convert import _fmt_keys, count_params, load_checkpoint
+from fedjax_mtl.models.convert import fmt_keys, count_params, load_checkpoint
 
 Params = dict[str, Any]
 SOURCES = ('augreg', 'timm', 'openclip')
@@ -253,9 +253,9 @@ def _convert(named: Mapping[str, tuple[str, Any]], model: str | nn.Module, sourc
   unknown = [orig for name, (orig, _) in named.items() if name not in expected]
   missing = [name for name in expected if name not in named]
   if unknown or missing:
-    parts = [f'{len(unknown)} unknown key(s): {_fmt_keys(unknown)}'] if unknown else []
+    parts = [f'{len(unknown)} unknown key(s): {fmt_keys(unknown)}'] if unknown else []
     if missing:
-      parts.append(f'{len(missing)} missing key(s): {_fmt_keys(missing)}')
+      parts.append(f'{len(missing)} missing key(s): {fmt_keys(missing)}')
     raise ConfigError(f'{source} checkpoint does not match {model_name}: ' + '; '.join(parts))
   flat = {}
   for name, entry in expected.items():
@@ -374,7 +374,7 @@ def detect(keys: Iterable[str]) -> str:
   raise ConfigError(
     "cannot detect the checkpoint layout: expected '/'-joined Flax keys (augreg), timm keys "
     "('cls_token', 'blocks.0...') or OpenCLIP keys ('visual.conv1.weight', ...); "
-    f'first keys: {_fmt_keys(keys[:8]) or "none"}')
+    f'first keys: {fmt_keys(keys[:8]) or "none"}')
 
 
 def load_vit(path: str | os.PathLike, model: str | nn.Module, *, source: str = 'auto',
@@ -413,11 +413,11 @@ def _to_state_dict(params: Mapping[str, Any], source: str) -> dict[str, np.ndarr
   flat = vit.flatten_params(params)
   adapters = [p for p in flat if p.split('/')[-1] in vit.ADAPTER_LEAVES]
   if adapters:
-    raise ConfigError(f'params hold {len(adapters)} LoRA leaves ({_fmt_keys(adapters)}); fold '
+    raise ConfigError(f'params hold {len(adapters)} LoRA leaves ({fmt_keys(adapters)}); fold '
                       'them in with vit.merge_lora or drop them first')
   entries, unmapped = _group(flat, source)
   if unmapped:
-    raise ConfigError(f'{len(unmapped)} param(s) have no {source} name: {_fmt_keys(unmapped)}')
+    raise ConfigError(f'{len(unmapped)} param(s) have no {source} name: {fmt_keys(unmapped)}')
   out = {}
   for name, entry in entries.items():
     if entry.kind in ('qkv', 'qkv_bias') and len(entry.paths) != 3:

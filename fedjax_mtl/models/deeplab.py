@@ -25,14 +25,14 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_mtl.models.decoder import resize_bilinear
-from fedjax_mtl.models.resnet import _KAIMING_FAN_OUT, _bn, _conv
+from fedjax_mtl.models.resnet import KAIMING_FAN_OUT, batch_norm, conv_layer
 
 ASPP_RATES = (12, 24, 36)
 
 
 class AtrousConv(nn.Module):
   """A bias-free 3x3 conv dilated by `rate` with padding `rate` (an ASPP branch's conv;
-  the parameter is `_conv`'s `kernel`, [3, 3, in, out]).
+  the parameter is `conv_layer`'s `kernel`, [3, 3, in, out]).
 
   When the rate reaches the map's height and width, every tap but the centre reads
   only zero padding, so the conv equals the centre tap's 1x1 conv, and is computed
@@ -44,7 +44,7 @@ class AtrousConv(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    kernel = self.param('kernel', _KAIMING_FAN_OUT, (3, 3, x.shape[-1], self.features))
+    kernel = self.param('kernel', KAIMING_FAN_OUT, (3, 3, x.shape[-1], self.features))
     x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
     r = self.rate
     if r >= x.shape[1] and r >= x.shape[2]:
@@ -68,22 +68,22 @@ class DeepLabHead(nn.Module):
     x = x.astype(dt)
     # conv -> BN -> ReLU; torchvision's ASPPPooling puts the pool at index 0, so its
     # conv and BN are `.1` and `.2`.
-    def conv(i, j):
+    def branch_conv(i, j):
       name = f'aspp_convs_{i}_{j}'
       if 0 < i <= len(self.rates):
         return AtrousConv(w, self.rates[i - 1], dt, name=name)
-      return _conv(w, 1, 1, 1, dt, name)
+      return conv_layer(w, 1, 1, 1, dt, name)
 
-    branch = lambda y, i, j=0: nn.relu(_bn(train, dt, f'aspp_convs_{i}_{j + 1}')(
-        conv(i, j)(y)))
+    branch = lambda y, i, j=0: nn.relu(batch_norm(train, dt, f'aspp_convs_{i}_{j + 1}')(
+        branch_conv(i, j)(y)))
     outs = [branch(x, i) for i in range(len(self.rates) + 1)]
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2), keepdims=True).astype(dt)
     pooled = branch(pooled, len(self.rates) + 1, 1)
     outs.append(jnp.broadcast_to(pooled, outs[0].shape))  # bilinear resize of a 1x1 map
-    y = _conv(w, 1, 1, 1, dt, 'aspp_project_0')(jnp.concatenate(outs, axis=-1))
-    y = nn.relu(_bn(train, dt, 'aspp_project_1')(y))
+    y = conv_layer(w, 1, 1, 1, dt, 'aspp_project_0')(jnp.concatenate(outs, axis=-1))
+    y = nn.relu(batch_norm(train, dt, 'aspp_project_1')(y))
     y = nn.Dropout(self.dropout, deterministic=not train)(y)
-    y = nn.relu(_bn(train, dt, 'bn')(_conv(w, 3, 1, 1, dt, 'conv')(y)))
+    y = nn.relu(batch_norm(train, dt, 'bn')(conv_layer(w, 3, 1, 1, dt, 'conv')(y)))
     y = nn.Conv(self.out_channels, (1, 1), dtype=dt, name='classifier')(y)
     return resize_bilinear(y.astype(jnp.float32), out_size)
 

@@ -39,18 +39,18 @@ OUTPUT_STRIDES = (8, 16, 32)
 BN_MOMENTUM = 0.9  # Flax's decay of the running stats: PyTorch momentum 0.1
 BN_EPS = 1e-5
 # torchvision's init: kaiming_normal_(mode='fan_out', nonlinearity='relu').
-_KAIMING_FAN_OUT = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+KAIMING_FAN_OUT = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
 
 
-def _conv(features: int, kernel: int, stride: int, dilation: int, dtype, name: str) -> nn.Conv:
+def conv_layer(features: int, kernel: int, stride: int, dilation: int, dtype, name: str) -> nn.Conv:
   """Bias-free conv with PyTorch's symmetric padding `dilation * (kernel // 2)`."""
   pad = dilation * (kernel // 2)
   return nn.Conv(features, (kernel, kernel), strides=stride, padding=((pad, pad), (pad, pad)),
                  kernel_dilation=dilation, use_bias=False, dtype=dtype,
-                 kernel_init=_KAIMING_FAN_OUT, name=name)
+                 kernel_init=KAIMING_FAN_OUT, name=name)
 
 
-def _bn(train: bool, dtype, name: str) -> nn.BatchNorm:
+def batch_norm(train: bool, dtype, name: str) -> nn.BatchNorm:
   return nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
                       dtype=dtype, name=name)
 
@@ -67,13 +67,13 @@ class BasicBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
     f, dt = self.features, self.dtype
-    y = _conv(f, 3, self.stride, self.first_dilation, dt, 'conv1')(x)
-    y = nn.relu(_bn(train, dt, 'bn1')(y))
-    y = _conv(f, 3, 1, self.dilation, dt, 'conv2')(y)
-    y = _bn(train, dt, 'bn2')(y)
+    y = conv_layer(f, 3, self.stride, self.first_dilation, dt, 'conv1')(x)
+    y = nn.relu(batch_norm(train, dt, 'bn1')(y))
+    y = conv_layer(f, 3, 1, self.dilation, dt, 'conv2')(y)
+    y = batch_norm(train, dt, 'bn2')(y)
     if self.downsample:
-      x = _conv(f, 1, self.stride, 1, dt, 'downsample_0')(x)
-      x = _bn(train, dt, 'downsample_1')(x)
+      x = conv_layer(f, 1, self.stride, 1, dt, 'downsample_0')(x)
+      x = batch_norm(train, dt, 'downsample_1')(x)
     return nn.relu(y + x)
 
 
@@ -109,8 +109,8 @@ class ResNet(nn.Module):
       raise ConfigError(f'ResNet stage_sizes={self.stage_sizes!r}: need 4 stages of >= 1 block')
     # `self` is argument 0 of remat's static_argnums, so `train` is argument 2.
     block = nn.remat(BasicBlock, static_argnums=(2,)) if self.remat else BasicBlock
-    x = _conv(self.width, 7, 2, 1, self.dtype, 'conv1')(x.astype(self.dtype))
-    x = nn.relu(_bn(train, self.dtype, 'bn1')(x))
+    x = conv_layer(self.width, 7, 2, 1, self.dtype, 'conv1')(x.astype(self.dtype))
+    x = nn.relu(batch_norm(train, self.dtype, 'bn1')(x))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))  # pads with -inf
     outs = []
     in_dim = self.width
