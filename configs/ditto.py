@@ -5,11 +5,8 @@ Variants as every algorithm config: `configs/ditto.py` (synthetic benchmark),
 (the paper's setting on real PASCAL-Context / NYUD-v2).
 """
 
-from fedjax_mtl.algorithms.ditto import default_config
 from fedjax_mtl.defaults import base_config
 
 
 def get_config(arg=None):
-  c = base_config(arg, algorithm='ditto')
-  c.ditto = default_config()
-  return c
+  return base_config(arg, algorithm='ditto')  # with its block config.ditto at the defaults

@@ -4,11 +4,8 @@ On the hetero-client benchmark by default; `configs/feddea.py` runs it in the
 unified-model setting with `--config.algorithm='dea(fedacg)'`.
 """
 
-from fedjax_mtl.algorithms.fedacg import default_config
 from fedjax_mtl.defaults import base_config
 
 
 def get_config(arg=None):
-  c = base_config(arg, algorithm='fedacg')
-  c.fedacg = default_config()
-  return c
+  return base_config(arg, algorithm='fedacg')  # with its block config.fedacg at the defaults

@@ -5,11 +5,8 @@ Variants as every algorithm config: `configs/fedamp.py` (synthetic benchmark),
 (the paper's setting on real PASCAL-Context / NYUD-v2).
 """
 
-from fedjax_mtl.algorithms.fedamp import default_config
 from fedjax_mtl.defaults import base_config
 
 
 def get_config(arg=None):
-  c = base_config(arg, algorithm='fedamp')
-  c.fedamp = default_config()
-  return c
+  return base_config(arg, algorithm='fedamp')  # with its block config.fedamp at the defaults

@@ -4,11 +4,8 @@ On the hetero-client benchmark by default; `configs/feddea.py` runs it in the
 unified-model setting with `--config.algorithm='dea(feddyn)'`.
 """
 
-from fedjax_mtl.algorithms.feddyn import default_config
 from fedjax_mtl.defaults import base_config
 
 
 def get_config(arg=None):
-  c = base_config(arg, algorithm='feddyn')
-  c.feddyn = default_config()
-  return c
+  return base_config(arg, algorithm='feddyn')  # with its block config.feddyn at the defaults

@@ -8,11 +8,8 @@ real PASCAL-Context / NYUD-v2, 100 rounds, batch 8, epochs 1/4, AdamW 1e-4 with 
 `--config.hca2.alpha_init=...`, `--config.hca2.beta_init=...`, `--config.hca2.hyper_lr=...`.
 """
 
-from fedjax_mtl.algorithms.hca2 import default_config
 from fedjax_mtl.defaults import base_config
 
 
 def get_config(arg=None):
-  c = base_config(arg, algorithm='hca2')
-  c.hca2 = default_config()
-  return c
+  return base_config(arg, algorithm='hca2')  # with its block config.hca2 at the defaults

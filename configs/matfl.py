@@ -6,13 +6,11 @@ Variants as every algorithm config: `configs/matfl.py` (synthetic benchmark),
 many-task setting: the round's (client, task) pairs grouped, 3 clusters).
 """
 
-from fedjax_mtl.algorithms.matfl import default_config
 from fedjax_mtl.defaults import base_config, parse_arg
 
 
 def get_config(arg=None):
-  c = base_config(arg, algorithm='matfl')
-  c.matfl = default_config()
+  c = base_config(arg, algorithm='matfl')  # with its block config.matfl at the defaults
   variant, items = parse_arg(arg)
   if variant == 'mini8' or 'table' in items:  # many-task: 3 clusters for 8 tasks (spec matu §4)
     c.matfl.num_clusters = 3

@@ -38,14 +38,14 @@ def _groups(items: dict) -> tuple[str, list[str]]:
   task clusters in `relatedness` (scripts/task_relatedness.py's relatedness.json)."""
   import json
   import os
-  from fedjax_mtl.data import many_task
+  from fedjax_mtl.manytask import allocation
   path = items.pop('relatedness', '')
   if not os.path.isfile(path):
     raise ValueError(f'fig6a/fig6b need relatedness=<relatedness.json of '
                      f'scripts/task_relatedness.py> (the task clusters); got {path!r}')
   with open(path) as f:
     clusters = json.load(f)['clusters']
-  groups = many_task.conflict_groups(clusters, int(items.pop('conflict', '0')), 10)
+  groups = allocation.conflict_groups(clusters, int(items.pop('conflict', '0')), 10)
   return ';'.join('+'.join(g) for g in groups), sorted({t for g in groups for t in g})
 
 

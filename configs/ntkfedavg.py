@@ -59,7 +59,7 @@ FedProx with this server, spec §4's μ = 1).
 
 from fedjax_mtl.algorithms import fedprox, matfl
 from fedjax_mtl.algorithms.ntkfedavg import default_config
-from fedjax_mtl.defaults import base_config, many_task_config, many_task_paper, parse_arg
+from fedjax_mtl.defaults import base_config, many_task_config, many_task_paper, parse_arg, spare
 from fedjax_mtl.scenarios import P_TASKS
 
 BENCHMARKS = ('pascal', 'clip')
@@ -109,11 +109,12 @@ def _pascal_setup(c, variant: str, items: dict) -> None:
   if work not in WORK:
     raise ValueError(f'unknown work={work!r} of configs/ntkfedavg.py; valid choices: '
                      + ', '.join(map(repr, WORK)))
-  c.ntkfedavg = default_config()
+  # The blocks of the baselines an override names instead of ntkfedavg (spare_blocks).
   c.matfl = matfl.default_config()  # DGAgg: --config.algorithm=matfl (spec A13)
   c.matfl.mode, c.matfl.th = 'soft', 0.0
   c.fedprox = fedprox.default_config()  # --config.algorithm=fedprox: FedAvg's server
   c.fedprox.mu = 1.0  # spec §4
+  spare(c, 'matfl', 'fedprox')
   c.scenario = CLIENTS_PER_TASK[per_task]
   c.tasks = ','.join(P_TASKS)
   c.model.encoder, c.model.decoder = 'resnet18_os8', 'deeplab'

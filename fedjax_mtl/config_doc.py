@@ -4,7 +4,8 @@
     python -m fedjax_mtl.config_doc                         # all fields, every block
 
 Prints `name = default  # meaning (valid range)` per field; the meanings and
-ranges are `validate.FIELDS`, the table the run is validated with.
+ranges are the declarations the run is validated with (`validate.fields_table()`:
+the engine's `defaults.ENGINE` and every plug-in's block).
 """
 
 from __future__ import annotations
@@ -71,9 +72,27 @@ def unknown_field(cfg, key: str) -> ConfigError:
   return ConfigError(f'unknown config field {key!r}; {hint}')
 
 
+def add_blocks(cfg, keys) -> None:
+  """Add to `cfg` (at their declared defaults) the plug-in blocks that the dotted
+  `keys` (overrides) name and `cfg` lacks: a config carries only the blocks of what it
+  uses, and an override of another one's field starts from its defaults (validation
+  then refuses it if the run does not use that block)."""
+  plugins = validate.blocks()
+  for key in keys:
+    name = key.split('.')[0]
+    if '.' in key and name in plugins and name not in cfg and plugins[name].fields:
+      if hasattr(cfg, 'unlocked'):
+        with cfg.unlocked():
+          cfg[name] = plugins[name].config()
+      else:
+        cfg[name] = plugins[name].config()
+
+
 def field_parent(cfg, key: str):
-  """(block, name) of the dotted field `key` of `cfg`, to read or set `block[name]`;
+  """(block, name) of the dotted field `key` of `cfg`, to read or set `block[name]`
+  (a declared plug-in block `cfg` lacks is added at its defaults first, `add_blocks`);
   the ConfigError of `unknown_field` when a part of `key` is missing."""
+  add_blocks(cfg, [key])
   node = cfg
   *parents, last = key.split('.')
   for p in parents:
@@ -86,15 +105,11 @@ def field_parent(cfg, key: str):
 
 
 def _line(name: str, value) -> str:
-  field = validate.FIELDS.get(name)
+  field = validate.fields_table().get(name)
   if field is None:
     return f'{name} = {validate.show(value)}  # (undocumented)'
-  extra = ''
-  if field.rule is not None:
-    extra = ' (' + field.rule.text.format(name=name.rsplit('.', 1)[-1]) + ')'
-  elif field.choices is not None:
-    extra = ' (one of ' + ', '.join(map(repr, field.choices())) + ')'
-  return f'{name} = {validate.show(value)}  # {field.meaning}{extra}'
+  extra = field.range_text(name.rsplit('.', 1)[-1])
+  return f'{name} = {validate.show(value)}  # {field.meaning}' + (f' {extra}' if extra else '')
 
 
 def describe(config) -> str:
@@ -103,7 +118,7 @@ def describe(config) -> str:
 
 
 def describe_all() -> str:
-  """Every documented field with its default: the base config and every algorithm block."""
+  """Every declared field with its default: the engine's and every plug-in block's."""
   return '\n'.join(_line(n, v) for n, v in sorted(validate.defaults().items())) + '\n'
 
 

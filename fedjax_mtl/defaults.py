@@ -1,5 +1,10 @@
 """Shared config defaults; `configs/<algorithm>.py` start from `base_config(arg)`.
 
+`ENGINE` declares the engine's fields (default, meaning, range); `base_config`
+builds them and adds the blocks of the algorithm it is built for, each declared
+next to its plug-in's code (`fedjax_mtl.fields.Block`). A config carries only the
+blocks of what it uses (and the `spare_blocks` it prepares for an override).
+
 Variants by the config arg (`--config=configs/fedavg.py:paper`):
 - default: the built-in synthetic benchmark with a tiny Swin (`swin_nano`),
   sized for a few minutes on 2 CPU cores;
@@ -21,6 +26,9 @@ from __future__ import annotations
 
 import ml_collections
 
+from fedjax_mtl import data, distributed, fields
+from fedjax_mtl.fields import SEED, SIZE, Field, above, at_least, fraction, unit
+
 
 def parse_arg(arg: str | None) -> tuple[str, dict[str, str]]:
   """'paper,scenario=x' -> ('paper', {'scenario': 'x'})."""
@@ -38,6 +46,7 @@ def parse_arg(arg: str | None) -> tuple[str, dict[str, str]]:
 
 
 VARIANTS = ('default', 'smoke', 'paper', 'mini8')
+SETTINGS = ('dense', 'many_task')
 
 
 PAPER_TABLES = ('1', '2')
@@ -101,12 +110,173 @@ def mini8(c: ml_collections.ConfigDict) -> None:
   # the spec's 1e-3 for ViT-B/32: the tiny backbone's adapters learn slowly at 1e-3.
   c.optim.lr = 3e-3
   c.optim.weight_decay = 0.0
-  c.fedavg = ml_collections.ConfigDict({'weighting': 'examples'})  # |D_n^t| (spec §3)
+  if 'many' not in c:  # (many_task_paper runs this on a mini8 config again)
+    from fedjax_mtl.manytask import setting
+    c.many = setting.CONFIG.config()
+  # |D_n^t| (spec §3): the many-task FedAvg and FedProx, also when an override names them.
+  c.fedavg = ml_collections.ConfigDict({'weighting': 'examples'})
+  spare(c, 'fedavg')
+
+
+# The engine's fields (top level, data, model, optim, the runtime), in config order:
+# default, one-line meaning, valid range or choices. Plug-ins declare their own blocks
+# next to their code (`fields.Block`: algorithms/, manytask/setting.py); `base_config`
+# adds the blocks of the algorithm it is built for.
+ENGINE: dict[str, Field] = {
+    'algorithm': Field('fedavg', 'algorithm name or a wrapper composition, e.g. hca2, '
+                       'momentum(fedavg)'),
+    'scenario': Field('pascal_st_nyud_mt_1c', 'client layout (fedjax_mtl/scenarios.py '
+                      'LAYOUTS), e.g. pascal_st_nyud_mt_1c'),
+    'seed': Field(0, 'seed of parameter init and training randomness', SEED),
+    'tasks': Field('', "comma-separated subset of the scenario's tasks ('' = all)"),
+    # numpy seed of the client partition (released code: 0)
+    'split_seed': Field(0, 'numpy seed of the random client partition of the train sets', SEED),
+    'parts_clients_humans_only': Field(True, 'human_parts-only clients keep only images with '
+                                       'humans (as the released code)'),
+    'data.source': Field('synthetic', 'synthetic (the built-in benchmark) or real '
+                         '(PASCAL-Context / NYUD-v2 caches)', choices=data.SOURCES),
+    'data.data_dir': Field('', "real data: folder holding PASCALContext/ and NYUDv2/ "
+                           "('' = $FEDJAX_MTL_DATA_DIR)"),
+    'data.cache_dir': Field('', "real data: caches from scripts/prepare_data.py ('' = "
+                            '<data_dir>/cache)'),
+    'data.chunk_steps': Field(2, 'real data: local steps per streamed host->device chunk',
+                              at_least(1)),
+    'data.workers': Field(0, 'real data: grain worker processes for augmentation (0 = threads '
+                          'in this process)', at_least(0)),
+    'data.threads': Field(2, 'real data: grain reader threads when workers = 0', at_least(0)),
+    # 'host': grain workers, 40-50 images/s per core at 512x512; 'device': the host only
+    # decodes and batches, data/device_augment.py applies the same transforms.
+    'data.augment': Field('host', 'real data: where training samples are augmented, host '
+                          '(grain workers) or device (the accelerator)',
+                          choices=data.AUGMENT_MODES),
+    'data.reproduce_parts_index_bug': Field(
+        False, "real data: the released code's misaligned human flags (spec §1.11 bug 1)"),
+    'data.seed': Field(0, 'seed of the synthetic images, and of real-data order and '
+                       'augmentation', SEED),
+    'data.resolution': Field({'pascal': (64, 64), 'nyud': (64, 64)}, 'per dataset: (height, '
+                             'width) of training and test images', SIZE, per_dataset=True),
+    'data.num_train': Field({'pascal': 400, 'nyud': 120}, 'synthetic data, per dataset: number '
+                            'of train images', at_least(1), per_dataset=True),
+    'data.num_test': Field({'pascal': 100, 'nyud': 60}, 'synthetic data, per dataset: number '
+                           'of test images', at_least(1), per_dataset=True),
+    # Tiny Swin (embed 16, one block per stage, window 4): the paper's encoder family at
+    # a size whose 8-round run takes about 2 minutes on 2 CPU cores.
+    'model.encoder': Field('swin_nano', 'encoder name, e.g. swin_nano, swin_t, conv_micro '
+                           '(fedjax_mtl/models/__init__.py ENCODERS)'),
+    'model.decoder': Field('hca2', "task decoders of the dense model: hca2 (FedHCA2's decoder "
+                           '+ head per task) or deeplab (a DeepLab-v3 ASPP head per task on the '
+                           "encoder's last stage: MaT-FL's and NTKFedAvg's benchmark A)",
+                           choices=lambda: _multitask().DECODERS),
+    'model.head_width': Field(256, "decoder='deeplab': channels of the ASPP and its projection "
+                              '(256 in the reference)', at_least(1)),
+    'model.kwargs': Field({}, "keyword arguments of the encoder, e.g. {'embed_dim': 8, "
+                          "'depths': (1, 1, 1, 1)}", mapping=True),
+    'model.dtype': Field('float32', 'compute dtype (bfloat16: bf16 compute, float32 params)',
+                         choices=('float32', 'bfloat16')),
+    # Keeps one activation per block instead of all of them (about one extra forward).
+    'model.remat': Field(False, "recompute each encoder block's forward in the backward pass "
+                         '(less memory, about one extra forward)'),
+    'model.pretrained_path': Field('', "converted encoder weights (.npz) all clients start "
+                                   "from ('' = random init)"),
+    'optim.name': Field('adamw', "local optimizer: adamw, adam_amsgrad (MaT-FL's Adam, amsgrad, "
+                        'L2 weight decay in the gradient) or sgd (torch SGD: L2 weight decay, '
+                        'optim.momentum)', choices=lambda: _local().OPTIMIZERS),
+    'optim.schedule': Field('cosine', 'learning rate per step: cosine (warm-up, then cosine per '
+                            "local epoch) or round_decay (lr * round_decay^round, MaT-FL's)",
+                            choices=lambda: _local().LR_SCHEDULES),
+    'optim.round_decay': Field(0.99, 'round_decay schedule: factor per communication round',
+                               fraction()),
+    'optim.reset_each_round': Field(False, 'a new optimizer state every round (MaT-FL) instead '
+                                    "of each client's kept state"),
+    'optim.lr': Field(2e-3, 'peak learning rate of the local optimizer', above(0)),
+    'optim.weight_decay': Field(1e-4, 'weight decay (AdamW: decoupled; adam_amsgrad, sgd: L2 '
+                                'in the gradient)', at_least(0)),
+    'optim.b1': Field(0.9, 'AdamW β1', unit()),
+    'optim.b2': Field(0.999, 'AdamW β2', unit()),
+    'optim.eps': Field(1e-8, 'AdamW ε', above(0)),
+    'optim.momentum': Field(0.0, 'sgd: momentum (torch semantics, no dampening; 0: plain SGD)',
+                            unit()),
+    'optim.warmup_epochs': Field(1, 'local epochs of linear learning-rate warm-up', at_least(0)),
+    'optim.warmup_lr_init': Field(1.25e-7, 'learning rate at the start of the warm-up',
+                                  at_least(0)),
+    'optim.min_lr': Field(1.25e-6, 'learning rate at the end of the cosine schedule',
+                          at_least(0)),
+    'local_epochs': Field({'pascal': 1, 'nyud': 4}, 'per dataset: local epochs per round (a '
+                          'dataset left out uses its default)', at_least(1), per_dataset=True),
+    'batch_size': Field(8, 'training batch size of every client', at_least(1)),
+    'eval_batch_size': Field(20, 'test batch size', at_least(1)),
+    'num_rounds': Field(8, 'communication rounds', at_least(1)),
+    'eval_every': Field(4, 'evaluate every this many rounds (and after the last)', at_least(1)),
+    'sal_metric': Field('maxF', "saliency metric: maxF (FedHCA2's pooled F-beta) or mIoU "
+                        "(MaT-FL's per-image Jaccard, averaged, max over 15 thresholds: "
+                        "NTKFedAvg's benchmark A)", choices=lambda: _dense_metrics().SAL_METRICS),
+    'eval_edge_ods': Field(True, 'edge metric: odsF (host-side matching) if true, else edge '
+                           'BCE test loss'),
+    'checkpoint_every': Field(1, 'checkpoint every this many rounds (and after the last)',
+                              at_least(1)),
+    'delta_m_reference': Field('', "workdir of a finished run (usually configs/local.py) of "
+                               "the same scenario and data: results get Δm against it ('' = "
+                               'none)'),
+    'num_devices': Field(0, 'devices the clients are sharded over (0 = all visible)',
+                         at_least(0)),
+    'progress': Field(True, 'show a progress bar'),
+    # Multi-process runs (fedjax_mtl/distributed.py): empty = the environment or one process.
+    **distributed.CONFIG.dotted(),
+    'tensorboard': Field(False, 'also write TensorBoard event files to <workdir>/tensorboard'),
+    'unified': Field('none', "FedDEA's unified model for task-level clients: none (the "
+                     'hetero-client engine), literal (one global encoder + every decoder/head, '
+                     'spec A1), owner (decoders/heads updated by their owner only)',
+                     choices=lambda: _algorithms_base().UNIFIED_MODES),
+    'setting': Field('dense', "dense (FedHCA2's hetero-client dense prediction) or many_task "
+                     '(ViT + LoRA classification, fedjax_mtl/manytask: the many block)',
+                     choices=SETTINGS),
+    'spare_blocks': Field('', 'comma-separated plug-in blocks this config sets for an '
+                          'algorithm or setting an override may name instead: they may differ '
+                          "from their defaults while the run does not use them ('' = none)"),
+}
+
+
+def _multitask():
+  from fedjax_mtl.models import multitask
+  return multitask
+
+
+def _local():
+  from fedjax_mtl import local_training
+  return local_training
+
+
+def _dense_metrics():
+  from fedjax_mtl.metrics import dense
+  return dense
+
+
+def _algorithms_base():
+  from fedjax_mtl.algorithms import base
+  return base
+
+
+def add_blocks(c: ml_collections.ConfigDict, algorithm: str) -> None:
+  """Add (at their defaults) the blocks of `algorithm` (a name or a composition) that
+  `c` lacks: its pieces' own and those they read."""
+  from fedjax_mtl import algorithms
+  declared = algorithms.blocks()
+  for name in algorithms.used_blocks(algorithm):
+    if name not in c and declared[name].fields:
+      c[name] = declared[name].config()
+
+
+def spare(c: ml_collections.ConfigDict, *names: str) -> None:
+  """Mark blocks `c` sets for an algorithm that `--config.algorithm` may name instead
+  (`spare_blocks`): left unchecked while the run does not use them."""
+  have = [b for b in c.spare_blocks.split(',') if b]
+  c.spare_blocks = ','.join(have + [n for n in names if n not in have])
 
 
 def base_config(arg: str | None = None, algorithm: str = 'fedavg',
                 setup=None) -> ml_collections.ConfigDict:
-  """The base ConfigDict for `algorithm` in the variant named by `arg`.
+  """The base ConfigDict for `algorithm` in the variant named by `arg`: the engine's
+  fields (`ENGINE`) and the blocks of `algorithm` (at their declared defaults).
 
   `setup(config, variant, items)`, if given, adjusts the variant's config before
   the arg's `key=value` items are applied; it may consume items of its own
@@ -120,96 +290,9 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   if variant not in VARIANTS:
     raise ValueError(f'unknown config variant {variant!r}; valid choices: '
                      + ', '.join(map(repr, VARIANTS)))
-  c = ml_collections.ConfigDict()
+  c = fields.nested(ENGINE)
   c.algorithm = algorithm
-  c.scenario = 'pascal_st_nyud_mt_1c'
-  c.seed = 0
-  c.tasks = ''  # comma-separated subset of the scenario's tasks ('' = all)
-  c.split_seed = 0  # numpy seed of the client partition (released code: 0)
-  c.parts_clients_humans_only = True  # released code keeps only images with humans
-
-  c.data = ml_collections.ConfigDict()
-  c.data.source = 'synthetic'  # or 'real': PASCAL-Context / NYUD-v2 caches
-  # Real data: folder with PASCALContext/ and NYUDv2/ ('' = $FEDJAX_MTL_DATA_DIR)
-  # and their caches from scripts/prepare_data.py ('' = <data_dir>/cache).
-  c.data.data_dir = ''
-  c.data.cache_dir = ''
-  c.data.chunk_steps = 2  # local steps per streamed host->device chunk
-  c.data.workers = 0  # grain worker processes for augmentation (0 = threads here)
-  c.data.threads = 2  # grain reader threads when workers = 0
-  # Where real-data training samples are augmented: 'host' (grain workers,
-  # 40-50 images/s per core at 512x512) or 'device' (the host only decodes and
-  # batches; data/device_augment.py applies the same transforms on the accelerator).
-  c.data.augment = 'host'
-  c.data.reproduce_parts_index_bug = False  # spec §1.11 bug 1, for comparability
-  c.data.seed = 0
-  c.data.resolution = {'pascal': (64, 64), 'nyud': (64, 64)}
-  c.data.num_train = {'pascal': 400, 'nyud': 120}
-  c.data.num_test = {'pascal': 100, 'nyud': 60}
-
-  c.model = ml_collections.ConfigDict()
-  # Tiny Swin (embed 16, one block per stage, window 4): the paper's encoder
-  # family at a size whose 8-round run takes about 2 minutes on 2 CPU cores.
-  c.model.encoder = 'swin_nano'
-  # 'hca2': FedHCA2's decoder + head per task; 'deeplab': a DeepLab-v3 head per task
-  # on the encoder's last stage (MaT-FL / NTKFedAvg benchmark A).
-  c.model.decoder = 'hca2'
-  c.model.head_width = 256  # decoder='deeplab': ASPP channels
-  c.model.kwargs = {}
-  c.model.dtype = 'float32'  # compute dtype ('bfloat16': bf16 compute, fp32 params)
-  # Recompute each encoder block's forward in the backward pass: keeps one
-  # activation per block instead of all of them (about one extra forward).
-  c.model.remat = False
-  c.model.pretrained_path = ''
-
-  c.optim = ml_collections.ConfigDict()
-  c.optim.name = 'adamw'  # or 'adam_amsgrad' (MaT-FL's Adam), 'sgd'
-  c.optim.schedule = 'cosine'  # or 'round_decay': lr * round_decay^round (MaT-FL)
-  c.optim.round_decay = 0.99
-  c.optim.reset_each_round = False
-  c.optim.lr = 2e-3
-  c.optim.weight_decay = 1e-4
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.999
-  c.optim.eps = 1e-8
-  c.optim.momentum = 0.0  # sgd only
-  c.optim.warmup_epochs = 1
-  c.optim.warmup_lr_init = 1.25e-7
-  c.optim.min_lr = 1.25e-6
-
-  c.local_epochs = {'pascal': 1, 'nyud': 4}
-  c.batch_size = 8
-  c.eval_batch_size = 20
-  c.num_rounds = 8
-  c.eval_every = 4
-  # Saliency: 'maxF' (FedHCA2's pooled F-beta) or 'mIoU' (MaT-FL's max over thresholds of
-  # the per-image Jaccard: NTKFedAvg's benchmark A).
-  c.sal_metric = 'maxF'
-  c.eval_edge_ods = True  # edge odsF (host-side matching); False: edge BCE test loss
-  c.checkpoint_every = 1
-  c.delta_m_reference = ''  # workdir of a Local run: results tables get Δm against it
-  c.num_devices = 0  # 0: all visible devices
-  c.progress = True
-  # Multi-process runs (fedjax_mtl/distributed.py): empty = the environment or one process.
-  from fedjax_mtl import distributed
-  c.distributed = distributed.config_block()
-  c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
-  # FedDEA's unified model for task-level clients ('literal' / 'owner', spec
-  # feddea §6 A1); 'none' is the hetero-client engine.
-  c.unified = 'none'
-  # Hyper-parameters of the algorithm wrappers (used when `algorithm` names
-  # them, e.g. 'momentum(fedavg)'; see fedjax_mtl/algorithms/__init__.py).
-  from fedjax_mtl import algorithms
-  c.momentum = algorithms.momentum_config()
-  c.dea = algorithms.dea_config()
-  c.heal = algorithms.heal_config()
-  c.grouped = algorithms.grouped_config()
-  # 'dense': hetero-client dense prediction (FedHCA2's setting); 'many_task': ViT +
-  # LoRA classification with many-task clients (the `many` block, fedjax_mtl/manytask).
-  c.setting = 'dense'
-  from fedjax_mtl.manytask import setting as many_setting
-  c.many = many_setting.default_config()
-
+  add_blocks(c, algorithm)
   if variant == 'smoke':
     c.data.resolution = {'pascal': (32, 32), 'nyud': (32, 32)}
     c.data.num_train = {'pascal': 80, 'nyud': 16}

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedjax_mtl import fields
 from fedjax_mtl.errors import ConfigError
 
 PyTree = Any
@@ -50,11 +51,22 @@ class Settings:
   timeout_s: float  # how long to wait for the coordinator and every process to join
 
 
+# The `distributed` block of every config (empty: one process, or the environment).
+CONFIG = fields.Block('distributed', {
+    'coordinator': fields.Field('', "multi-process runs: host:port of process 0's coordinator "
+                                "('' = JAX_COORDINATOR_ADDRESS, or one process)"),
+    'num_processes': fields.Field(0, 'multi-process runs: the process count (0 = '
+                                  'JAX_NUM_PROCESSES, or one process)', fields.at_least(0)),
+    'process_id': fields.Field(-1, 'multi-process runs: this process, 0..num_processes-1 '
+                               '(-1 = JAX_PROCESS_ID)', fields.at_least(-1)),
+    'timeout_s': fields.Field(300., 'multi-process runs: seconds to wait for the coordinator '
+                              'and every process to join', fields.above(0)),
+})
+
+
 def config_block():
-  """The `distributed` block of the base config (empty: one process, or the environment)."""
-  import ml_collections
-  return ml_collections.ConfigDict({'coordinator': '', 'num_processes': 0,
-                                    'process_id': -1, 'timeout_s': 300.})
+  """The `distributed` block at its defaults."""
+  return CONFIG.config()
 
 
 def settings(config, environ=None) -> Settings | None:

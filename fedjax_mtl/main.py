@@ -19,6 +19,7 @@ import os
 import re
 import sys
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -45,6 +46,31 @@ flags.DEFINE_enum('cpu_isa', 'AVX2', ['native', 'SSE4_2', 'AVX', 'AVX2', 'AVX512
 flags.mark_flags_as_required(['config', 'workdir'])
 
 HELP_FLAGS = ('help', 'helpshort', 'helpfull', '?')
+
+
+class ConfigFileParser(flags.ArgumentParser):
+  """`--config`'s parser: ml_collections' (`file.py[:arg]` -> the locked ConfigDict of
+  its `get_config`), then the plug-in blocks that the `--config.<block>.<field>`
+  overrides name and the config lacks, added at their declared defaults before the
+  overrides apply (`config_doc.add_blocks`): a config carries only the blocks of what
+  it uses."""
+
+  def __init__(self, inner: flags.ArgumentParser):
+    self.inner = inner
+
+  def parse(self, argument):
+    config = self.inner.parse(argument)
+    if isinstance(config, ml_collections.ConfigDict):
+      from fedjax_mtl import config_doc
+      argv = FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
+      config_doc.add_blocks(config, override_fields(argv))
+    return config
+
+  def flag_type(self):
+    return self.inner.flag_type()
+
+
+FLAGS['config'].parser = ConfigFileParser(FLAGS['config'].parser)
 
 
 def fail(message: str) -> None:
@@ -86,13 +112,15 @@ def _check_field(config, field: str, spec: str) -> None:
   for i, key in enumerate(parts):
     if not hasattr(node, 'keys') or key not in node:
       parent = '.'.join(parts[:i])
-      if parent in validate.FIELDS:  # a dict field: a locked config takes no new key
+      if parent in validate.fields_table():  # a dict field: a locked config takes no new key
         raise ConfigError(f'{parent} has no entry {key!r}; set the whole dict instead, e.g. '
                           f'--config.{parent}="{{\'{key}\': ...}}"')
-      names = []
+      # Every declared field (an override of a block the config lacks adds the block).
+      names = list(validate.fields_table())
       for name, value in validate.leaves(config).items():
         names += [name] + ([f'{name}.{k}' for k in value] if hasattr(value, 'keys') else [])
-      raise validate.unknown_field(field, names, f'python -m fedjax_mtl.config_doc {spec}')
+      raise validate.unknown_field(field, dict.fromkeys(names),
+                                   f'python -m fedjax_mtl.config_doc {spec}')
     node = node[key]
 
 
@@ -106,6 +134,7 @@ def explain(argv: list[str], error: Exception) -> str:
     try:
       config = config_doc.load_config(spec)
       overrides = override_fields(argv)
+      config_doc.add_blocks(config, overrides)
       for field in overrides:
         _check_field(config, field, spec)
     except ConfigError as e:
@@ -130,8 +159,15 @@ def _add_fields_to_help(argv: list[str]) -> None:
   spec = config_spec(argv)
   try:
     if spec:
+      config = config_doc.load_config(spec)
+      from fedjax_mtl import validate
+      others = sorted(b for b, block in validate.blocks().items()
+                      if block.fields and b not in config)
       text = (f'\nFields of {spec} (override with --config.<name>=<value>):\n'
-              + config_doc.describe(config_doc.load_config(spec)))
+              + config_doc.describe(config)
+              + '(blocks of the algorithms, wrappers and settings it does not use, added by '
+              'their overrides: ' + ', '.join(others) + '; python -m fedjax_mtl.config_doc '
+              'lists their fields)\n')
     else:
       text = ('\nConfig fields of every algorithm (--config=FILE --help lists one config\'s; '
               'override with --config.<name>=<value>):\n' + config_doc.describe_all())

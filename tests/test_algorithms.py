@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from fedjax_mtl import algorithms, local
+from fedjax_mtl import algorithms, local_training
 from fedjax_mtl.algorithms import ClientCtx, FedInfo, ServerInputs, ServerState, rules
 from fedjax_mtl.algorithms import fedamp_math, matfl_math
 from fedjax_mtl.errors import ConfigError
@@ -141,11 +141,11 @@ def test_frozen_roles_follow_the_round():
                                    (3, (True, False, False), (False, True, True)),
                                    (4, (True, True, True), (False, True, True))):
     for alg, want in ((babu, want_babu), (sta, want_sta)):
-      m = local.trainable_mask(labels, alg, jnp.int32(rnd))
+      m = local_training.trainable_mask(labels, alg, jnp.int32(rnd))
       got = (bool(m['encoder']['w']), bool(m['decoders']['linear_0']['kernel']),
              bool(m['head_0']['kernel']))
       assert got == want, (alg.name, rnd)
-  assert local.trainable_mask(labels, _algorithm('fedavg'), jnp.int32(0)) is None
+  assert local_training.trainable_mask(labels, _algorithm('fedavg'), jnp.int32(0)) is None
 
 
 # ---------------------------------------------------------------------------
@@ -278,15 +278,31 @@ def test_compositions_by_name():
     ('squash(fedavg)', {}, "unknown algorithm wrapper 'squash' in 'squash(fedavg)'"),
     ('dea(local)', {}, "'local' shares no parameters"),
     ('dea(fedavg', {}, 'cannot read algorithm'),
-    ('fedprox', {'fedprox': {'mu': -1.0}}, 'fedprox.mu=-1.0 is out of range; valid range: mu >= 0'),
+    # More clusters than clients: a bound only the built federation knows.
     ('matfl', {'matfl': {'mode': 'hard', 'num_clusters': 5, 'th': 0.0}},
      'matfl.num_clusters=5 is out of range; valid range: 1 <= num_clusters <= number of clients (4)'),
-    ('matfl', {'matfl': {'mode': 'ward', 'num_clusters': 2, 'th': 0.0}}, "unknown matfl.mode 'ward'"),
-    ('ditto', {'ditto': {'lam': -0.1}}, 'ditto.lam=-0.1 is out of range'),
-    ('fedamp', {'fedamp': {'lam': 1.0, 'alpha_k': 0.0, 'sigma': 1.0}}, 'valid ranges: lam >= 0, alpha_k > 0'),
-    ('fedbabu', {'fedbabu': {'finetune_rounds': 5}}, 'fedbabu.finetune_rounds=5 is out of range'),
-    ('grouped(fedavg)', {'grouped': {'by': 'colour'}}, "unknown grouped.by 'colour'"),
 ])
 def test_bad_algorithms_are_one_clear_error(spec, blocks, message):
   with pytest.raises(ConfigError, match=re.escape(message)):
     _algorithm(spec, **blocks)
+
+
+@pytest.mark.parametrize('spec, blocks, message', [
+    # Ranges and choices the blocks declare: refused by validation, before build().
+    ('fedprox', {'fedprox': {'mu': -1.0}}, 'fedprox.mu=-1.0 is out of range; valid range: mu >= 0'),
+    ('matfl', {'matfl': {'mode': 'ward', 'num_clusters': 2, 'th': 0.0}}, "unknown matfl.mode 'ward'"),
+    ('ditto', {'ditto': {'lam': -0.1}}, 'ditto.lam=-0.1 is out of range'),
+    ('fedamp', {'fedamp': {'lam': 1.0, 'alpha_k': 0.0, 'sigma': 1.0}},
+     'fedamp.alpha_k=0.0 is out of range; valid range: alpha_k > 0'),
+    ('fedbabu', {'fedbabu': {'finetune_rounds': 5}}, 'fedbabu.finetune_rounds=5 is out of range'),
+    ('grouped(fedavg)', {'grouped': {'by': 'colour'}}, "unknown grouped.by 'colour'"),
+])
+def test_bad_algorithm_settings_are_one_clear_error_of_validation(spec, blocks, message):
+  from conftest import tiny_config
+  from fedjax_mtl import validate
+  config = tiny_config(spec)  # smoke: 3 rounds
+  for name, values in blocks.items():
+    config[name] = ml_collections.ConfigDict(values)
+  with pytest.raises(ConfigError, match=re.escape(message)) as e:
+    validate.check_config(config)
+  assert '\n' not in str(e.value)

@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from conftest import tiny_config, snapshot
-from fedjax_mtl import train, workdir
+from fedjax_mtl import experiment, train, workdir
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import ConfigError
 
@@ -96,9 +96,9 @@ def test_impossible_split_and_missing_data_dir(tmp_path):
 def test_mismatched_workdir_and_checkpoint_are_refused_without_loss(tmp_path):
   cfg = tiny_config()
   wd = str(tmp_path / 'wd')
-  exp = train.build(cfg)
+  exp = experiment.build(cfg)
   ckpt = Checkpointer(os.path.join(wd, 'checkpoints'))
-  ckpt.save(1, train.init_state(exp))
+  ckpt.save(1, experiment.init_state(exp))
   ckpt.close()
   with open(os.path.join(wd, 'config.json'), 'w') as f:
     f.write(cfg.to_json_best_effort(indent=2))
@@ -126,15 +126,27 @@ def test_workdir_of_an_older_version_resumes_when_new_fields_keep_defaults(tmp_p
   other = tiny_config(**{'data.augment': 'device'})
   with pytest.raises(ConfigError, match=r'different config \(fields: data\)'):
     workdir.check_config(other, str(tmp_path))
+  # Older versions wrote every wrapper's block and the many-task block into every
+  # config: at their defaults they match a config that carries only what it uses.
+  from fedjax_mtl import algorithms
+  from fedjax_mtl.manytask import setting
+  every = dict(old, momentum=algorithms.momentum_config().to_dict(),
+               dea=algorithms.dea_config().to_dict(), heal=algorithms.heal_config().to_dict(),
+               grouped=algorithms.grouped_config().to_dict(),
+               many=setting.default_config().to_dict())
+  (tmp_path / 'config.json').write_text(json.dumps(every))
+  workdir.check_config(cfg, str(tmp_path))
+  every['dea']['rho'] = 0.5
+  (tmp_path / 'config.json').write_text(json.dumps(every))
+  with pytest.raises(ConfigError, match=r'different config \(fields: dea\)'):
+    workdir.check_config(cfg, str(tmp_path))
   # An algorithm block a config file added since, at its defaults, matches too; the
   # retired 'masked' block (now 'dea') matters only to a run whose algorithm named it.
   from fedjax_mtl.algorithms import fedacg
   old['masked'] = {'rho': 0.3, 'rescale': True}
-  del old['dea']
   (tmp_path / 'config.json').write_text(json.dumps(old))
   new = tiny_config()
   new.fedacg = fedacg.default_config()
-  del new['dea']
   workdir.check_config(new, str(tmp_path))
   new.fedacg.lam = 0.5
   with pytest.raises(ConfigError, match=r'different config \(fields: fedacg\)'):

@@ -22,15 +22,16 @@ CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))
 
 
 def smoke(algorithm='hca2', /, **values):
-  """The smoke config of `algorithm` with its block, `values` set by dotted name as a
-  Python user could (no type safety: the config is rebuilt from a plain dict)."""
+  """The smoke config of `algorithm` (with the blocks it uses), `values` set by dotted
+  name as a Python user could (no type safety: the config is rebuilt from a plain
+  dict; a block the config lacks starts at its declared defaults)."""
   c = base_config('smoke', algorithm)
-  blocks = validate.block_defaults()
-  if algorithm in blocks:
-    c[algorithm] = blocks[algorithm]
   d = c.to_dict()
+  blocks = validate.block_defaults()
   for name, value in values.items():
     *path, last = name.split('.')
+    if path and path[0] not in d and path[0] in blocks:
+      d[path[0]] = blocks[path[0]].to_dict()
     node = d
     for p in path:
       node = node[p]
@@ -56,7 +57,7 @@ def test_every_field_of_every_config_is_documented_and_valid(path, tmp_path):
     config = config_doc.load_config(f'{path}:{variant}')
     names = validate.leaves(config)
     undocumented = [n for n in names if n not in validate.FIELDS]
-    assert not undocumented, f'{path}:{variant}: add to validate.FIELDS: {undocumented}'
+    assert not undocumented, f'{path}:{variant}: declare {undocumented} (fields.Field)'
     text = config_doc.describe(config)
     assert len(text.splitlines()) == len(names)
     for name in names:
@@ -68,13 +69,44 @@ def test_every_field_of_every_config_is_documented_and_valid(path, tmp_path):
   assert not (tmp_path / 'wd').exists()
 
 
-def test_table_has_exactly_the_fields_of_the_defaults_and_blocks():
+def test_declarations_are_complete_and_their_defaults_valid(tmp_path):
   assert set(validate.FIELDS) == set(validate.defaults())
-  # The choices the table holds for modules it does not import stay equal to theirs.
-  from fedjax_mtl import experiment
+  for name, field in validate.FIELDS.items():
+    assert field.meaning.strip() and '\n' not in field.meaning, name
+    if field.choices is not None:
+      assert field.default in field.valid_choices(), name
+    if field.rule is not None and not field.per_dataset:
+      assert field.rule.ok(field.default), name
+  # Every block at its defaults passes validation where a run uses it (its algorithm,
+  # wrapper or setting named), and sits unused at its defaults anywhere.
+  from fedjax_mtl import algorithms
+  for name, block in algorithms.blocks().items():
+    spec = f'{name}(fedavg)' if name in algorithms.WRAPPERS else name
+    config = base_config('mini8' if name == 'matu' else 'smoke', spec)
+    assert all(b in config for b in algorithms.used_blocks(spec) if validate.blocks()[b].fields)
+    validate.check_config(config)
+    if block.fields:
+      validate.check_config(smoke('local', **{f'{name}.{k}': v
+                                              for k, v in block.defaults().items()}))
+  # Registries that live in modules the declarations do not import stay equal to theirs.
+  from fedjax_mtl import data, experiment
   from fedjax_mtl.data import real
-  assert validate.FIELDS['data.source'].choices() == experiment.DATA_SOURCES
-  assert validate.FIELDS['data.augment'].choices() == real.AUGMENT_MODES
+  from fedjax_mtl.manytask import feed
+  assert validate.FIELDS['data.source'].valid_choices() == data.SOURCES == experiment.DATA_SOURCES
+  assert validate.FIELDS['data.augment'].valid_choices() == data.AUGMENT_MODES == real.AUGMENT_MODES
+  assert validate.FIELDS['many.feed'].valid_choices() == feed.FEEDS
+  from fedjax_mtl import engines
+  assert validate.FIELDS['setting'].valid_choices() == engines.SETTINGS
+
+
+def test_a_config_carries_only_the_blocks_of_what_it_uses():
+  plugins = set(validate.blocks())
+  assert {b for b in base_config('smoke', 'hca2') if b in plugins} == {'hca2'}
+  assert {b for b in base_config('smoke', 'fedprox') if b in plugins} == {'fedprox', 'fedavg'}
+  assert {b for b in base_config('smoke', 'dea(heal(fedavg))') if b in plugins} == {
+      'dea', 'heal', 'fedavg'}
+  assert {b for b in base_config('smoke', 'local') if b in plugins} == set()
+  assert {b for b in base_config('mini8', 'matu') if b in plugins} == {'matu', 'many', 'fedavg'}
 
 
 def test_config_doc_command_prints_defaults_and_meanings(capsys):
@@ -155,7 +187,7 @@ BAD = [
     ('hca2', {'hca2.homo': 1}, 'hca2.homo=1 has the wrong type; expected a bool'),
     ('matfl', {'matfl.th': -1.0}, 'matfl.th=-1.0 is out of range; valid range: th > -1'),
     ('matfl', {'matfl.mode': 'fuzzy'}, "unknown matfl.mode 'fuzzy'"),
-    ('fedavg', {'dea.rescale': 'yes'}, "dea.rescale='yes' has the wrong type"),
+    ('dea(fedavg)', {'dea.rescale': 'yes'}, "dea.rescale='yes' has the wrong type"),
     ('fedavg', {'model.pretrained_path': 'no/such/weights.npz'},
      "model.pretrained_path 'no/such/weights.npz' is not a file"),
     ('fedavg', {'data.source': 'real', 'data.data_dir': '/no/such/data'},
@@ -171,6 +203,109 @@ def test_bad_value_is_one_line_naming_field_and_value(algorithm, values, expecte
     validate.check_run(config, str(tmp_path / 'wd'))
   message = str(e.value)
   assert '\n' not in message and expected in message, message
+  assert not (tmp_path / 'wd').exists()
+
+
+# The ranges and choices the algorithms' build() checked before they were declared.
+BUILD_CHECKS = [
+    ('fedprox', {'fedprox.mu': -1.0}, 'fedprox.mu=-1.0 is out of range; valid range: mu >= 0'),
+    ('ditto', {'ditto.lam': -0.1}, 'ditto.lam=-0.1 is out of range; valid range: lam >= 0'),
+    ('fedamp', {'fedamp.lam': -1.0}, 'fedamp.lam=-1.0 is out of range; valid range: lam >= 0'),
+    ('fedamp', {'fedamp.alpha_k': 0.0}, 'fedamp.alpha_k=0.0 is out of range; valid range: '
+     'alpha_k > 0'),
+    ('fedamp', {'fedamp.sigma': 0.0}, 'fedamp.sigma=0.0 is out of range; valid range: sigma > 0'),
+    ('fedbabu', {'fedbabu.finetune_rounds': 3}, 'fedbabu.finetune_rounds=3 is out of range; '
+     'valid range: 0 <= finetune_rounds < num_rounds=3'),
+    ('fedbabu', {'fedbabu.finetune_rounds': -1}, 'fedbabu.finetune_rounds=-1 is out of range'),
+    ('fedsta', {'fedsta.task_specific_rounds': 5}, 'fedsta.task_specific_rounds=5 is out of '
+     'range; valid range: 0 <= task_specific_rounds < num_rounds=3'),
+    ('fedsta', {'fedsta.task_specific_rounds': -1}, 'fedsta.task_specific_rounds=-1 is out of'),
+    ('feddyn', {'feddyn.alpha': 0.0}, 'feddyn.alpha=0.0 is out of range; valid range: alpha > 0'),
+    ('moon', {'moon.mu': -1.0}, 'moon.mu=-1.0 is out of range; valid range: mu >= 0'),
+    ('moon', {'moon.tau': 0.0}, 'moon.tau=0.0 is out of range; valid range: tau > 0'),
+    ('fedacg', {'fedacg.lam': 1.0}, 'fedacg.lam=1.0 is out of range; valid range: 0 <= lam < 1'),
+    ('fedacg', {'fedacg.beta': -1.0}, 'fedacg.beta=-1.0 is out of range; valid range: beta >= 0'),
+    ('fedga', {'fedga.step_size': -0.1}, 'fedga.step_size=-0.1 is out of range; valid range: '
+     'step_size >= 0'),
+    ('matfl', {'matfl.num_clusters': 0}, 'matfl.num_clusters=0 is out of range; valid range: '
+     'num_clusters >= 1'),
+    ('matfl', {'matfl.mode': 'ward'}, "unknown matfl.mode 'ward'; valid choices: 'hard', 'soft'"),
+    ('hca2', {'hca2.ca_c': 1.0}, 'hca2.ca_c=1.0 is out of range; valid range: 0 <= ca_c < 1'),
+    ('hca2', {'hca2.hyper_lr': -1.0}, 'hca2.hyper_lr=-1.0 is out of range; valid range: '
+     'hyper_lr >= 0'),
+    ('hca2', {'hca2.decoder_agg': 'mean'}, "unknown hca2.decoder_agg 'mean'; valid choices"),
+    ('fedavg', {'fedavg.weighting': 'size'}, "unknown fedavg.weighting 'size'; valid choices: "
+     "'uniform', 'examples'"),
+    ('momentum(fedavg)', {'momentum.momentum': 1.0}, 'momentum.momentum=1.0 is out of range; '
+     'valid range: 0 <= momentum < 1'),
+    ('momentum(fedavg)', {'momentum.lr': 0.0}, 'momentum.lr=0.0 is out of range; valid range: '
+     'lr > 0'),
+    ('dea(fedavg)', {'dea.rho': 0.0}, 'dea.rho=0.0 is out of range; valid range: 0 < rho <= 1'),
+    ('dea(fedavg)', {'dea.rho': 1.5}, 'dea.rho=1.5 is out of range; valid range: 0 < rho <= 1'),
+    ('dea(fedavg)', {'dea.variant': 'largest'}, "unknown dea.variant 'largest'; valid choices"),
+    ('dea(fedavg)', {'dea.server_lr': 0.0}, 'dea.server_lr=0.0 is out of range; valid range: '
+     'server_lr > 0'),
+    ('heal(fedavg)', {'heal.tau': 1.0}, 'heal.tau=1.0 is out of range; valid range: '
+     '0 <= tau < 1'),
+    ('heal(fedavg)', {'heal.beta': 1.5}, 'heal.beta=1.5 is out of range; valid range: '
+     '0 <= beta <= 1'),
+    ('grouped(fedavg)', {'grouped.by': 'colour'}, "unknown grouped.by 'colour'; valid choices: "
+     "'dataset', 'task'"),
+    ('ntkfedavg', {'ntkfedavg.server_lr': 0.0}, 'ntkfedavg.server_lr=0.0 is out of range; '
+     'valid range: server_lr > 0'),
+    ('ntkfedavg', {'ntkfedavg.mu': -1.0}, 'ntkfedavg.mu=-1.0 is out of range; valid range: '
+     'mu >= 0'),
+    ('ntkfedavg', {'ntkfedavg.point': 'middle'}, "unknown ntkfedavg.point 'middle'; valid "
+     "choices: 'server', 'pretrained'"),
+    ('matu', {'matu.rho': -0.1}, 'matu.rho=-0.1 is out of range; valid range: 0 <= rho <= 1'),
+    ('matu', {'matu.eps': 1.5}, 'matu.eps=1.5 is out of range; valid range: 0 <= eps <= 1'),
+    ('matu', {'matu.kappa': 0}, 'matu.kappa=0 is out of range; valid range: kappa >= 1'),
+    ('matu', {'matu.combine': 'mean'}, "unknown matu.combine 'mean'; valid choices: 'sum', 'avg'"),
+    ('matu', {'matu.cross': 'all'}, "unknown matu.cross 'all'; valid choices"),
+    ('matu', {'matu.tie': 'one'}, "unknown matu.tie 'one'; valid choices: 'emr', 'zero'"),
+]
+
+
+@pytest.mark.parametrize('algorithm, values, expected', BUILD_CHECKS,
+                         ids=[f'{a}-{",".join(v)}' for a, v, _ in BUILD_CHECKS])
+def test_plugin_ranges_are_validated_before_anything_is_built(algorithm, values, expected,
+                                                              tmp_path):
+  config = smoke(algorithm, **values)
+  with pytest.raises(ConfigError) as e:
+    validate.check_run(config, str(tmp_path / 'wd'))
+  assert '\n' not in str(e.value) and expected in str(e.value), str(e.value)
+  assert not (tmp_path / 'wd').exists()
+
+
+def test_a_block_the_run_does_not_use_is_refused_unless_at_its_defaults(tmp_path):
+  wd = str(tmp_path / 'wd')
+  with pytest.raises(ConfigError, match=r"^config block 'dea' is not used by algorithm 'hca2' "
+                     r"\(it applies to the dea\(...\) wrapper\) but sets dea.rho=0.5 \(default "
+                     r"0.25\); remove the override, or use the block: "
+                     r"--config.algorithm='dea\(hca2\)'$"):
+    validate.check_run(smoke('hca2', **{'dea.rho': 0.5}), wd)
+  # Out of range too: that the block does nothing comes first.
+  with pytest.raises(ConfigError, match="config block 'dea' is not used"):
+    validate.check_run(smoke('hca2', **{'dea.rho': 2.0}), wd)
+  with pytest.raises(ConfigError, match=r"config block 'fedprox' is not used by algorithm "
+                     r"'hca2' \(it applies to algorithm 'fedprox'\)"):
+    validate.check_run(smoke('hca2', **{'fedprox.mu': 1.0}), wd)
+  with pytest.raises(ConfigError, match=r"config block 'fedavg' is not used by algorithm "
+                     r"'hca2' \(it applies to algorithms 'fedavg', 'fedprox', .* and heal"):
+    validate.check_run(smoke('hca2', **{'fedavg.weighting': 'examples'}), wd)
+  with pytest.raises(ConfigError, match=r"config block 'many' is not used by setting='dense' "
+                     r"\(it applies to setting='many_task'\) but sets many.num_clients=3"):
+    validate.check_run(smoke('hca2', **{'many.num_clients': 3}), wd)
+  # At its defaults an unused block is ignored (a sweep's --config.algorithm on a
+  # config built for another algorithm); so is one the config lists as spare.
+  validate.check_run(smoke('hca2', **{'dea.rho': 0.25, 'fedprox.mu': 0.01}), wd)
+  validate.check_run(smoke('hca2', **{'dea.rho': 0.5, 'spare_blocks': 'dea'}), wd)
+  validate.check_run(smoke('dea(hca2)', **{'dea.rho': 0.5}), wd)
+  with pytest.raises(ConfigError, match="unknown spare_blocks entry 'daa'; valid choices"):
+    validate.check_run(smoke('hca2', spare_blocks='daa'), wd)
+  with pytest.raises(ConfigError, match="setting='many_task' reads the many block, which "
+                     'this config lacks'):
+    validate.check_run(smoke('fedavg', setting='many_task'), wd)
   assert not (tmp_path / 'wd').exists()
 
 
@@ -302,6 +437,9 @@ HCA2 = '--config=configs/hca2.py:smoke'
      'fedjax_mtl.config_doc configs/hca2.py:smoke lists the fields'),
     ([HCA2, '--config.optim.lrr=1'], "error: unknown config field 'optim.lrr'; did you mean "
      "'optim.lr'"),
+    # A block the config does not carry: added by the override, refused as unused.
+    ([HCA2, '--config.dea.rho=2'], "error: config block 'dea' is not used by algorithm 'hca2' "
+     "(it applies to the dea(...) wrapper) but sets dea.rho=2.0 (default 0.25)"),
     ([HCA2, '--config.batch_size=abc'], 'error: --config.batch_size=abc: expected an int like '
      'the default 4'),
     (['--config=configs/nope.py'], "error: config file 'configs/nope.py' does not exist"),

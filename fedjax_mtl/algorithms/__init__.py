@@ -3,7 +3,9 @@
 `config.algorithm` names an algorithm (`fedavg`) or a composition of wrappers
 around one (`momentum(fedavg)`, `dea(grouped(fedprox))`); each piece reads
 its hyper-parameters from the config block of its name (`config.fedprox.mu`,
-`config.dea.rho`, ...), falling back to its `default_config()`.
+`config.dea.rho`, ...), declared next to its code (`CONFIG`, a `fields.Block`:
+default, meaning, range), falling back to the declared defaults where the config
+has no such block.
 
 `config.unified` picks FedDEA's unified-model setting for task-level clients
 (spec feddea §1.6, §6 A1): 'literal' (one global θ = encoder + every task's
@@ -11,91 +13,112 @@ decoder and head; rules see each client's row of the whole θ, `rules.unified`),
 'owner' (decoders and heads updated by their owner only: personal), or 'none'
 (the hetero-client engine: heads personal, decoders per the algorithm).
 
-Adding an algorithm = one module with `build(info, config) -> Algorithm` (and
-optionally `default_config()`), one line in `ALGORITHMS`, and a
-`configs/<name>.py`.
+Adding an algorithm = one module with `build(info, config) -> Algorithm` (and its
+`CONFIG` block when it has knobs), and its line in `ALGORITHMS` (README, "Adding an
+algorithm").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import types
 from typing import Callable
 
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import (ditto, enhance, fedacg, fedamp, fedavg, fedbabu, fedbn,
                                    feddyn, fedga, fednova, fedper, fedprox, fedsta, hca2, local,
                                    matfl, matu, moon, ntkfedavg, plugin_math, rules)
 from fedjax_mtl.algorithms.base import (UNIFIED_MODES, Algorithm, Client, ClientCtx, FedInfo,
-                                        Server, ServerInputs, ServerState, config_block,
-                                        unified_mode)
+                                        Server, ServerInputs, ServerState, unified_mode)
 from fedjax_mtl.errors import ConfigError, check_choice
 
-ALGORITHMS: dict[str, Callable[..., Algorithm]] = {
-    'local': local.build,
-    'fedavg': fedavg.build,
-    'fedprox': fedprox.build,
-    'fedper': fedper.build,
-    'ditto': ditto.build,
-    'fedamp': fedamp.build,
-    'fedbabu': fedbabu.build,
-    'fedsta': fedsta.build,
-    'matfl': matfl.build,
-    'matu': matu.build,  # the many-task setting only
-    'ntkfedavg': ntkfedavg.build,  # the many-task setting for now
-    'hca2': hca2.build,
+# name -> module with `build(info, config) -> Algorithm` and, if it has knobs, `CONFIG`.
+ALGORITHMS: dict[str, types.ModuleType] = {
+    'local': local,
+    'fedavg': fedavg,
+    'fedprox': fedprox,
+    'fedper': fedper,
+    'ditto': ditto,
+    'fedamp': fedamp,
+    'fedbabu': fedbabu,
+    'fedsta': fedsta,
+    'matfl': matfl,
+    'matu': matu,  # the many-task setting only
+    'ntkfedavg': ntkfedavg,  # the many-task setting for now
+    'hca2': hca2,
     # FedDEA's plug-in bases (spec feddea §2.4).
-    'fednova': fednova.build,
-    'feddyn': feddyn.build,
-    'fedbn': fedbn.build,
-    'moon': moon.build,
-    'fedacg': fedacg.build,
-    'fedga': fedga.build,
+    'fednova': fednova,
+    'feddyn': feddyn,
+    'fedbn': fedbn,
+    'moon': moon,
+    'fedacg': fedacg,
+    'fedga': fedga,
 }
-
-
-def momentum_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'momentum': 0.9, 'lr': 1.0})
-
 
 # Bases that train one model for everyone with a server that treats every row
 # alike: the ones `config.unified` can run (FedDEA's plug-in bases).
 UNIFIED_BASES = ('fedavg', 'fedprox', 'fednova', 'feddyn', 'fedbn', 'moon', 'fedacg', 'fedga')
 
 
+# The wrappers' blocks (each used when `algorithm` names its wrapper).
+MOMENTUM = fields.Block('momentum', {
+    'momentum': fields.Field(0.9, 'momentum(...): server momentum of the aggregated update',
+                             fields.unit()),
+    'lr': fields.Field(1.0, 'momentum(...): server learning rate', fields.above(0)),
+})
+
+# FedDEA: ρ (spec §6 A2: 1/K provisionally), the mask variant (ablations a/c), the 1/ρ
+# rescale (ablation b) and the server step η_g (A5's control).
+DEA = fields.Block('dea', {
+    'rho': fields.Field(0.25, 'dea(...): FedDEA ratio ρ, the fraction of each client update '
+                        'kept (top-ρ by magnitude over the whole update)', fields.fraction()),
+    'variant': fields.Field('top', 'dea(...): which entries are kept: top (FedDEA), small '
+                            '(ablation a), random (ablation c)', choices=rules.topk.VARIANTS),
+    'rescale': fields.Field(True, 'dea(...): scale the kept entries by 1/ρ (False: ablation b)'),
+    'server_lr': fields.Field(1.0, 'dea(...): server step η_g on the aggregated update (ρ = 1 '
+                              'with η_g > 1: the step-size control)', fields.above(0)),
+})
+
+# FedHEAL's consistency threshold τ and weight momentum β (its repository's defaults).
+HEAL = fields.Block('heal', {
+    'tau': fields.Field(plugin_math.HEAL_TAU, 'heal(...): FedHEAL keeps a coordinate whose '
+                        'update sign was this consistent over past rounds (> tau)', fields.unit()),
+    'beta': fields.Field(plugin_math.HEAL_BETA, 'heal(...): FedHEAL momentum of the client '
+                         'weights', fields.unit(True)),
+}, reads=('fedavg',))
+
+GROUPED = fields.Block('grouped', {
+    'by': fields.Field('dataset', "grouped(...): aggregate within groups of the same 'dataset' "
+                       "or 'task'", choices=('dataset', 'task')),
+})
+
+
+def momentum_config() -> ml_collections.ConfigDict:
+  return MOMENTUM.config()
+
+
 def dea_config() -> ml_collections.ConfigDict:
-  """FedDEA: ρ (spec §6 A2: 1/K provisionally), the mask variant (ablations a/c),
-  the 1/ρ rescale (ablation b) and the server step η_g (A5's control)."""
-  return ml_collections.ConfigDict({'rho': 0.25, 'variant': 'top', 'rescale': True,
-                                    'server_lr': 1.0})
+  return DEA.config()
 
 
 def heal_config() -> ml_collections.ConfigDict:
-  """FedHEAL's consistency threshold τ and weight momentum β (its repository's defaults)."""
-  return ml_collections.ConfigDict({'tau': plugin_math.HEAL_TAU, 'beta': plugin_math.HEAL_BETA})
+  return HEAL.config()
 
 
 def grouped_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'by': 'dataset'})
+  return GROUPED.config()
 
 
 def _momentum(alg: Algorithm, info: FedInfo, config) -> Server:
-  cfg = config_block(config, 'momentum', momentum_config())
-  if not 0 <= cfg.momentum < 1 or cfg.lr <= 0:
-    raise ConfigError(f'momentum.momentum={cfg.momentum}, momentum.lr={cfg.lr} are out of '
-                      'range; valid ranges: 0 <= momentum < 1, lr > 0')
+  cfg = MOMENTUM.of(config)
   return rules.with_server_momentum(alg.server, cfg.momentum, cfg.lr)
 
 
 def _dea(alg: Algorithm, info: FedInfo, config) -> Server:
-  cfg = config_block(config, 'dea', dea_config())
-  if not 0 < cfg.rho <= 1:
-    raise ConfigError(f'dea.rho={cfg.rho} is out of range; valid range: 0 < rho <= 1')
-  check_choice('dea.variant', cfg.variant, rules.topk.VARIANTS)
-  if not cfg.server_lr > 0:
-    raise ConfigError(f'dea.server_lr={cfg.server_lr} is out of range; valid range: '
-                      'server_lr > 0')
+  cfg = DEA.of(config)
   seed = int(config.get('seed', 0)) if config is not None else 0
   return rules.dea(alg.server, info, cfg.rho, cfg.variant, cfg.rescale, cfg.server_lr, seed)
 
@@ -106,17 +129,13 @@ def _pcgrad(alg: Algorithm, info: FedInfo, config) -> Server:
 
 
 def _heal(alg: Algorithm, info: FedInfo, config) -> Server:
-  cfg = config_block(config, 'heal', heal_config())
-  if not (0 <= cfg.tau < 1 and 0 <= cfg.beta <= 1):
-    raise ConfigError(f'heal.tau={cfg.tau}, heal.beta={cfg.beta} are out of range; valid '
-                      'ranges: 0 <= tau < 1, 0 <= beta <= 1')
+  cfg = HEAL.of(config)
   enhance.check_one_row_per_client('heal', alg.shared_roles, info)
   return enhance.heal(alg.server, info, fedavg.weighting(config), cfg.tau, cfg.beta)
 
 
 def _grouped(alg: Algorithm, info: FedInfo, config) -> Server:
-  cfg = config_block(config, 'grouped', grouped_config())
-  check_choice('grouped.by', cfg.by, ('dataset', 'task'))
+  cfg = GROUPED.of(config)
   keys = {'encoder': [info.client_keys[c][cfg.by == 'task'] for c in range(info.num_clients)],
           'decoder': [info.decoder_keys[k][cfg.by == 'task'] for k in range(info.num_decoders)]}
   ids = {r: [sorted(set(v)).index(x) for x in v] for r, v in keys.items()}
@@ -131,6 +150,34 @@ WRAPPERS: dict[str, Callable[[Algorithm, FedInfo, object], Server]] = {
     'heal': _heal,
     'grouped': _grouped,
 }
+WRAPPER_BLOCKS: dict[str, fields.Block] = {'momentum': MOMENTUM, 'dea': DEA, 'heal': HEAL,
+                                           'grouped': GROUPED}
+
+
+def blocks() -> dict[str, fields.Block]:
+  """Every algorithm's and wrapper's declared block, by name (empty ones included:
+  they declare only what they read)."""
+  out = {name: m.CONFIG for name, m in ALGORITHMS.items() if hasattr(m, 'CONFIG')}
+  out.update(WRAPPER_BLOCKS)
+  return out
+
+
+def used_blocks(spec: str) -> tuple[str, ...]:
+  """Names of the blocks the composition `spec` reads (each piece's own, then what it
+  reads), outermost first; unknown or unreadable names are left out (`check` reports
+  them)."""
+  try:
+    names = parse(spec)
+  except ConfigError:
+    return ()
+  declared, out = blocks(), []
+  for name in names:
+    block = declared.get(name)
+    for b in ((name,) + block.reads) if block else ():
+      if b not in out:
+        out.append(b)
+  return tuple(out)
+
 
 _SPEC = re.compile(r'^\s*([A-Za-z0-9_]+)\s*(?:\((.*)\))?\s*$')
 
@@ -196,7 +243,7 @@ def get_algorithm(spec: str, info: FedInfo, config=None) -> Algorithm:
   mode = unified_mode(config)
   check_unified(spec, base, info, mode)
   inner = rules.unified_info(info) if mode == 'literal' else info
-  alg = ALGORITHMS[base](inner, config)
+  alg = ALGORITHMS[base].build(inner, config)
   for w in reversed(wrappers):
     if not alg.shared_roles:
       raise ConfigError(f'algorithm {spec!r}: {w}() wraps a server rule, but {alg.name!r} '
@@ -211,5 +258,6 @@ def get_algorithm(spec: str, info: FedInfo, config=None) -> Algorithm:
   return alg
 
 
-__all__ = ['ALGORITHMS', 'UNIFIED_BASES', 'WRAPPERS', 'Algorithm', 'Client', 'ClientCtx',
-           'FedInfo', 'Server', 'ServerInputs', 'ServerState', 'get_algorithm', 'parse', 'rules']
+__all__ = ['ALGORITHMS', 'UNIFIED_BASES', 'WRAPPERS', 'WRAPPER_BLOCKS', 'Algorithm', 'Client',
+           'ClientCtx', 'FedInfo', 'Server', 'ServerInputs', 'ServerState', 'blocks',
+           'get_algorithm', 'parse', 'rules', 'used_blocks']

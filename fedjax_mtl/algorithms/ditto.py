@@ -11,20 +11,23 @@ PFLlib's Ditto instead runs the personal epochs first on a separate pass.
 
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg, fedprox
-from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, config_block
-from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo
+
+CONFIG = fields.Block('ditto', {
+    'lam': fields.Field(0.1, 'Ditto: pull λ of the personal model to the global one',
+                        fields.at_least(0)),
+}, reads=('fedavg',))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'lam': 0.1})
+  return CONFIG.config()
 
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg's server; the client also trains a personal model pulled to the global one."""
-  cfg = config_block(config, 'ditto', default_config())
-  if cfg.lam < 0:
-    raise ConfigError(f'ditto.lam={cfg.lam} is out of range; valid range: lam >= 0')
+  cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
   client = Client(personal_model=True,
                   personal_loss=fedprox.proximal_loss(cfg.lam, base.shared_roles))

@@ -18,17 +18,23 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg, fedprox, plugin_math
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, config_block, merge_view, role_view)
-from fedjax_mtl.errors import ConfigError
+                                        ServerState, merge_view, role_view)
 
 MOMENTUM = 'acg_momentum'  # the per-row server state `begin` reads
 
+CONFIG = fields.Block('fedacg', {
+    'lam': fields.Field(plugin_math.FEDACG_LAMBDA, 'FedACG: momentum λ of the server update '
+                        'and of the lookahead', fields.unit()),
+    'beta': fields.Field(plugin_math.FEDACG_BETA, 'FedACG: coefficient β of β/2 ‖θ − '
+                         'θ_lookahead‖²', fields.at_least(0)),
+}, reads=('fedavg',))
+
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'lam': plugin_math.FEDACG_LAMBDA,
-                                    'beta': plugin_math.FEDACG_BETA})
+  return CONFIG.config()
 
 
 def begin(lam: float, roles: tuple[str, ...]):
@@ -65,10 +71,7 @@ def with_momentum(rule: Server, lam: float) -> Server:
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg's roles and server rule, FedACG's lookahead, penalty and momentum."""
-  cfg = config_block(config, 'fedacg', default_config())
-  if not (0 <= cfg.lam < 1 and cfg.beta >= 0):
-    raise ConfigError(f'fedacg.lam={cfg.lam}, fedacg.beta={cfg.beta} are out of range; valid '
-                      'ranges: 0 <= lam < 1, beta >= 0')
+  cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
   client = Client(loss=fedprox.proximal_loss(cfg.beta, base.shared_roles),
                   begin=begin(cfg.lam, base.shared_roles))

@@ -16,15 +16,20 @@ groups, sharded like the parameters.
 import jax
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedamp_math as fm
 from fedjax_mtl.algorithms.base import (Algorithm, Client, ClientCtx, FedInfo, Server,
-                                        ServerInputs, ServerState, config_block, role_view,
-                                        sq_dist_trees)
-from fedjax_mtl.errors import ConfigError
+                                        ServerInputs, ServerState, role_view, sq_dist_trees)
+
+CONFIG = fields.Block('fedamp', {
+    'lam': fields.Field(1.0, 'FedAMP proximal coefficient λ', fields.at_least(0)),
+    'alpha_k': fields.Field(1.0, 'FedAMP step α_k of the cloud models', fields.above(0)),
+    'sigma': fields.Field(1.0, 'FedAMP similarity scale σ', fields.above(0)),
+})
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'lam': 1.0, 'alpha_k': 1.0, 'sigma': 1.0})
+  return CONFIG.config()
 
 
 def cloud_models(alpha_k: float, sigma: float) -> Server:
@@ -45,10 +50,7 @@ def cloud_models(alpha_k: float, sigma: float) -> Server:
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """Cloud models on the server, the proximal pull to them on the client."""
-  cfg = config_block(config, 'fedamp', default_config())
-  if cfg.lam < 0 or cfg.alpha_k <= 0 or cfg.sigma <= 0:
-    raise ConfigError(f'fedamp.lam={cfg.lam}, alpha_k={cfg.alpha_k}, sigma={cfg.sigma} are out '
-                      'of range; valid ranges: lam >= 0, alpha_k > 0, sigma > 0')
+  cfg = CONFIG.of(config)
   coef = 0.5 * cfg.lam / cfg.alpha_k
   shared = ('encoder', 'decoder')
 

@@ -7,23 +7,26 @@ across all tasks, so after aggregation only the heads differ.
 
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import rules
-from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, config_block, unified_roles
-from fedjax_mtl.errors import check_choice
+from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, unified_roles
 
 SHARED = {'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'}
 
+CONFIG = fields.Block('fedavg', {
+    'weighting': fields.Field('uniform', "FedAvg mean: 'uniform' or 'examples' (by local "
+                              'example counts)', choices=rules.WEIGHTINGS),
+})
+
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'weighting': 'uniform'})
+  return CONFIG.config()
 
 
 def weighting(config) -> str:
-  """`fedavg.weighting`, checked: the client weights of every FedAvg-family server
-  (FedAvg, FedProx, FedNova, FedDyn, FedBN)."""
-  cfg = config_block(config, 'fedavg', default_config())
-  check_choice('fedavg.weighting', cfg.weighting, rules.WEIGHTINGS)
-  return cfg.weighting
+  """`fedavg.weighting`: the client weights of every FedAvg-family server (FedAvg,
+  FedProx, FedNova, FedDyn, FedBN; their blocks declare `reads=('fedavg',)`)."""
+  return CONFIG.of(config).weighting
 
 
 def build(info: FedInfo, config=None) -> Algorithm:

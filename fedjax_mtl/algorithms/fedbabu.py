@@ -12,21 +12,31 @@ optimizer's moments still see their gradients.
 import jax.numpy as jnp
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import rules
-from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, config_block
+from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo
 from fedjax_mtl.errors import ConfigError
 
 
+def _check(cfg, config) -> None:
+  if not cfg.finetune_rounds < config.num_rounds:
+    raise ConfigError(f'fedbabu.finetune_rounds={cfg.finetune_rounds} is out of range; '
+                      f'valid range: 0 <= finetune_rounds < num_rounds={config.num_rounds}')
+
+
+CONFIG = fields.Block('fedbabu', {
+    'finetune_rounds': fields.Field(1, 'FedBABU: last rounds of local fine-tuning, < num_rounds',
+                                    fields.at_least(0)),
+}, check=_check)
+
+
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'finetune_rounds': 1})
+  return CONFIG.config()
 
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg of the encoders while the head part is frozen; local fine-tuning at the end."""
-  cfg = config_block(config, 'fedbabu', default_config())
-  if not 0 <= cfg.finetune_rounds < info.num_rounds:
-    raise ConfigError(f'fedbabu.finetune_rounds={cfg.finetune_rounds} is out of range; '
-                      f'valid range: 0 <= finetune_rounds < num_rounds={info.num_rounds}')
+  cfg = CONFIG.of(config)
   last_fed_round = info.num_rounds - cfg.finetune_rounds
 
   def trainable(round_idx):

@@ -11,9 +11,12 @@ client): `keep_norm_local` goes around the composed rule.
 
 import jax
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg
 from fedjax_mtl.algorithms.plugin_math import path_names
 from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo, Server, ServerInputs, Views
+
+CONFIG = fields.Block('fedbn', {}, reads=('fedavg',))  # no knobs; FedAvg's weights
 
 
 def split_norm(views: Views, modules: frozenset) -> tuple[Views, Views]:

@@ -13,15 +13,19 @@ with θ_k = θ + Δ_k; under `dea(feddyn)` the masked update Δ̃_k enters both 
 import jax
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg, plugin_math, rules
 from fedjax_mtl.algorithms.base import (Algorithm, Client, ClientCtx, FedInfo, Server,
-                                        ServerInputs, ServerState, broadcast_rows, config_block,
-                                        stack, tree_mean, tree_sub)
-from fedjax_mtl.errors import ConfigError
+                                        ServerInputs, ServerState, broadcast_rows, stack,
+                                        tree_mean, tree_sub)
+
+CONFIG = fields.Block('feddyn', {
+    'alpha': fields.Field(plugin_math.FEDDYN_ALPHA, 'FedDyn regularisation α', fields.above(0)),
+}, reads=('fedavg',))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'alpha': plugin_math.FEDDYN_ALPHA})
+  return CONFIG.config()
 
 
 def _shared(tree, labels, roles):
@@ -65,9 +69,7 @@ def server(info: FedInfo, alpha: float, weighting: str = 'uniform') -> Server:
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg's roles; FedDyn's client and server."""
-  cfg = config_block(config, 'feddyn', default_config())
-  if not cfg.alpha > 0:
-    raise ConfigError(f'feddyn.alpha={cfg.alpha} is out of range; valid range: alpha > 0')
+  cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
   return Algorithm(name='feddyn', client=client(cfg.alpha, base.shared_roles),
                    server=server(info, cfg.alpha, fedavg.weighting(config)), roles=base.roles)

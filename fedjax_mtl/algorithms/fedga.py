@@ -20,14 +20,20 @@ full passes. Under `dea(fedga)` the weighted mean reads the masked uploads.
 import jax.numpy as jnp
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg, plugin_math
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, broadcast_rows, config_block, tree_mean)
-from fedjax_mtl.errors import ConfigError
+                                        ServerState, broadcast_rows, tree_mean)
+
+CONFIG = fields.Block('fedga', {
+    'step_size': fields.Field(plugin_math.FEDGA_STEP_SIZE, 'FedGA (FedDG-GA): initial step d '
+                              'of the client-weight update, decaying linearly over the rounds',
+                              fields.at_least(0)),
+}, reads=('fedavg',))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'step_size': plugin_math.FEDGA_STEP_SIZE})
+  return CONFIG.config()
 
 
 def server(info: FedInfo, step_size: float) -> Server:
@@ -56,10 +62,7 @@ def server(info: FedInfo, step_size: float) -> Server:
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg's roles and client; FedDG-GA's weights on the server."""
-  cfg = config_block(config, 'fedga', default_config())
-  if not cfg.step_size >= 0:
-    raise ConfigError(f'fedga.step_size={cfg.step_size} is out of range; valid range: '
-                      'step_size >= 0')
+  cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
   return Algorithm(name='fedga', client=Client(), server=server(info, cfg.step_size),
                    roles=base.roles)

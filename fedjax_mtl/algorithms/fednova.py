@@ -11,9 +11,12 @@ follow `fedavg.weighting` (uniform, or by local examples as in Eq. 6). Under
 
 import jax.numpy as jnp
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg, plugin_math, rules
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
                                         ServerState, broadcast_rows, stack, tree_mean, tree_sub)
+
+CONFIG = fields.Block('fednova', {}, reads=('fedavg',))  # no knobs; FedAvg's weights
 
 
 def server(info: FedInfo, weighting: str = 'uniform') -> Server:

@@ -7,13 +7,17 @@ spec §6). The term adds μ(θ − θ_start) to the gradient of every shared lea
 
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg
-from fedjax_mtl.algorithms.base import Algorithm, Client, ClientCtx, FedInfo, config_block, sq_dist
-from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.algorithms.base import Algorithm, Client, ClientCtx, FedInfo, sq_dist
+
+CONFIG = fields.Block('fedprox', {
+    'mu': fields.Field(0.01, 'FedProx proximal coefficient μ', fields.at_least(0)),
+}, reads=('fedavg',))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'mu': 0.01})
+  return CONFIG.config()
 
 
 def proximal_loss(mu: float, roles: tuple[str, ...]):
@@ -25,9 +29,7 @@ def proximal_loss(mu: float, roles: tuple[str, ...]):
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg's server; the client adds the proximal term."""
-  cfg = config_block(config, 'fedprox', default_config())
-  if cfg.mu < 0:
-    raise ConfigError(f'fedprox.mu={cfg.mu} is out of range; valid range: mu >= 0')
+  cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
   client = Client(loss=proximal_loss(cfg.mu, base.shared_roles))
   return Algorithm(name='fedprox', client=client, server=base.server, roles=base.roles)

@@ -16,14 +16,27 @@ its sources are in `fedsta_math`.
 import jax.numpy as jnp
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedsta_math, rules
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, config_block)
+                                        ServerState)
 from fedjax_mtl.errors import ConfigError
 
 
+def _check(cfg, config) -> None:
+  if not cfg.task_specific_rounds < config.num_rounds:
+    raise ConfigError(f'fedsta.task_specific_rounds={cfg.task_specific_rounds} is out of range; '
+                      f'valid range: 0 <= task_specific_rounds < num_rounds={config.num_rounds}')
+
+
+CONFIG = fields.Block('fedsta', {
+    'task_specific_rounds': fields.Field(1, 'FedSTA: last rounds with the encoder frozen, '
+                                         '< num_rounds', fields.at_least(0)),
+}, check=_check)
+
+
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'task_specific_rounds': 1})
+  return CONFIG.config()
 
 
 def shared_body() -> Server:
@@ -39,10 +52,7 @@ def shared_body() -> Server:
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """Shared body while task-agnostic; frozen body, local heads at the end."""
-  cfg = config_block(config, 'fedsta', default_config())
-  if not 0 <= cfg.task_specific_rounds < info.num_rounds:
-    raise ConfigError(f'fedsta.task_specific_rounds={cfg.task_specific_rounds} is out of range; '
-                      f'valid range: 0 <= task_specific_rounds < num_rounds={info.num_rounds}')
+  cfg = CONFIG.of(config)
   agnostic = info.num_rounds - cfg.task_specific_rounds
 
   def trainable(round_idx):

@@ -24,12 +24,13 @@ import ml_collections
 import numpy as np
 import optax
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import hca2_math as hm
 from fedjax_mtl.algorithms import rules
 from fedjax_mtl.algorithms.base import (Algorithm, Blocks, Client, FedInfo, Server,
-                                        ServerInputs, ServerState, config_block, num_rows,
-                                        row_offsets, tree_sub)
-from fedjax_mtl.errors import ConfigError, check_choice
+                                        ServerInputs, ServerState, num_rows, row_offsets,
+                                        tree_sub)
+from fedjax_mtl.errors import ConfigError
 
 PyTree = Any
 ENCODER_RULES = ('conflict_averse', 'fedavg', 'none')
@@ -57,20 +58,30 @@ def cross_attention(deltas: PyTree) -> PyTree:
   return hm.cross_attention(deltas)
 
 
+# FedHCA2 knobs (released-code defaults).
+CONFIG = fields.Block('hca2', {
+    'encoder_agg': fields.Field('conflict_averse', 'FedHCA2 encoder aggregation (ablation: '
+                                'fedavg, none)', choices=ENCODER_RULES),
+    'decoder_agg': fields.Field('cross_attention', 'FedHCA2 decoder aggregation (ablation: '
+                                'fedavg, none)', choices=DECODER_RULES),
+    'ca_c': fields.Field(0.4, 'FedHCA2 conflict-averse radius c', fields.unit()),
+    'ca_rescale': fields.Field(True, 'FedHCA2: divide the conflict-averse update by 1 + c² '
+                               '(released code)'),
+    'homo': fields.Field(True, 'FedHCA2: average the updates of consecutive same-task clients '
+                         '(released code)'),
+    'alpha_init': fields.Field(0.1, 'FedHCA2: initial encoder weight α of every client',
+                               fields.unit(True)),
+    'beta_init': fields.Field(0.1, 'FedHCA2: initial decoder weight β of every decoder layer',
+                              fields.unit(True)),
+    'hyper_lr': fields.Field(1e-2, 'FedHCA2: learning rate of α and β', fields.at_least(0)),
+    'hyper_momentum': fields.Field(0.9, 'FedHCA2: SGD momentum of α and β', fields.unit()),
+    'hyper_weight_decay': fields.Field(1e-4, 'FedHCA2: weight decay of α and β',
+                                       fields.at_least(0)),
+})
+
+
 def default_config() -> ml_collections.ConfigDict:
-  """FedHCA2 knobs (released-code defaults)."""
-  c = ml_collections.ConfigDict()
-  c.encoder_agg = 'conflict_averse'
-  c.decoder_agg = 'cross_attention'
-  c.ca_c = 0.4
-  c.ca_rescale = True  # released code divides Ũ by 1 + c²
-  c.homo = True  # released code: average the updates of consecutive same-task clients
-  c.alpha_init = 0.1
-  c.beta_init = 0.1
-  c.hyper_lr = 1e-2
-  c.hyper_momentum = 0.9
-  c.hyper_weight_decay = 1e-4
-  return c
+  return CONFIG.config()
 
 
 def layer_of_leaf(decoders: PyTree, layers: tuple[str, ...]) -> PyTree:
@@ -231,16 +242,10 @@ def cross_attention_decoders(info: FedInfo, cfg) -> Server:
 
 
 def build(info: FedInfo, config=None) -> Algorithm:
-  """FedHCA2 from `config.hca2` (see `default_config`): the two hyper rules by role;
+  """FedHCA2 from `config.hca2` (see `CONFIG`): the two hyper rules by role;
   the ablations put FedAvg (`rules.mean`) or nothing (the role stays personal) in
   either place."""
-  cfg = config_block(config, 'hca2', default_config())
-  check_choice('hca2.encoder_agg', cfg.encoder_agg, ENCODER_RULES)
-  check_choice('hca2.decoder_agg', cfg.decoder_agg, DECODER_RULES)
-  if not 0 <= cfg.ca_c < 1:
-    raise ConfigError(f'hca2.ca_c={cfg.ca_c} is out of range; valid range: [0, 1)')
-  if cfg.hyper_lr < 0:
-    raise ConfigError(f'hca2.hyper_lr={cfg.hyper_lr} is out of range; valid range: >= 0')
+  cfg = CONFIG.of(config)
   enc = {'conflict_averse': lambda: conflict_averse_encoders(info, cfg),
          'fedavg': rules.mean}.get(cfg.encoder_agg)
   dec = {'cross_attention': lambda: cross_attention_decoders(info, cfg),

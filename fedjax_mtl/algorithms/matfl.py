@@ -11,14 +11,23 @@ code's `dg_utils` options (spec matu.md §3). Batch-norm statistics stay local.
 import jax.numpy as jnp
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import matfl_math as mm
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, config_block)
-from fedjax_mtl.errors import ConfigError, check_choice
+                                        ServerState)
+from fedjax_mtl.errors import ConfigError
+
+CONFIG = fields.Block('matfl', {
+    'mode': fields.Field('hard', 'MaT-FL grouping: hard (clustering) or soft (cosine weights)',
+                         choices=mm.MODES),
+    'num_clusters': fields.Field(2, 'MaT-FL hard mode: number of clusters, 1..number of '
+                                 'clients', fields.at_least(1)),
+    'th': fields.Field(0.0, 'MaT-FL soft mode: weights are max(cos + th, 0)', fields.above(-1)),
+})
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'mode': 'hard', 'num_clusters': 2, 'th': 0.0})
+  return CONFIG.config()
 
 
 def grouping(mode: str, num_clusters: int, th: float, info: FedInfo) -> Server:
@@ -38,9 +47,9 @@ def grouping(mode: str, num_clusters: int, th: float, info: FedInfo) -> Server:
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """MaT-FL's grouping on the encoders."""
-  cfg = config_block(config, 'matfl', default_config())
-  check_choice('matfl.mode', cfg.mode, mm.MODES)
-  if cfg.mode == 'hard' and not 1 <= cfg.num_clusters <= info.num_clients:
+  cfg = CONFIG.of(config)
+  # The clients (the round's pairs in the many-task setting) are known only here.
+  if cfg.mode == 'hard' and not cfg.num_clusters <= info.num_clients:
     raise ConfigError(f'matfl.num_clusters={cfg.num_clusters} is out of range; valid range: '
                       f'1 <= num_clusters <= number of clients ({info.num_clients})')
   return Algorithm(name='matfl', client=Client(),

@@ -36,16 +36,33 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import matu_math as mm
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, Server, ServerInputs,
-                                        ServerState, config_block)
-from fedjax_mtl.errors import ConfigError, check_choice
+                                        ServerState)
+from fedjax_mtl.errors import ConfigError
+
+# ρ and ε of the paper; κ = 3 for 8 tasks (5 for 30, spec §4); Eq. 7 as printed.
+CONFIG = fields.Block('matu', {
+    'rho': fields.Field(0.4, 'MaTU: sign-agreement threshold ρ of the soft task mask (Eq. 3)',
+                        fields.unit(True)),
+    'eps': fields.Field(0.5, 'MaTU: similarity threshold ε of the similar-task sets (the sign '
+                        'similarity lies in [0, 1])', fields.unit(True)),
+    'kappa': fields.Field(3, "MaTU: at most κ similar tasks per task (3 for 8 tasks, 5 for 30; "
+                          "matu.cross='none' turns the cross-task vector off)",
+                          fields.at_least(1)),
+    'combine': fields.Field('sum', "MaTU: same-task + cross-task vector: 'sum' (Eq. 7 as "
+                            "printed) or 'avg' (the paper's Overview: their average)",
+                            choices=mm.COMBINES),
+    'cross': fields.Field('similarity', "MaTU cross-task aggregation: 'similarity' (Eq. 6), "
+                          "'none' or 'uniform' (Fig. 6b's variants)", choices=mm.CROSS),
+    'tie': fields.Field('emr', "MaTU unification of a zero sign sum: 'emr' (-1, EMR-Merging's "
+                        "code) or 'zero' (sgn(0) = 0)", choices=mm.TIES),
+})
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """ρ and ε of the paper; κ = 3 for 8 tasks (5 for 30, spec §4); Eq. 7 as printed."""
-  return ml_collections.ConfigDict({'rho': 0.4, 'eps': 0.5, 'kappa': 3, 'combine': 'sum',
-                                    'cross': 'similarity', 'tie': 'emr'})
+  return CONFIG.config()
 
 
 def _flatten(view: dict) -> tuple[jax.Array, list]:
@@ -97,20 +114,9 @@ def server(cfg, num_tasks: int) -> Server:
 def build(info: FedInfo, config=None) -> Algorithm:
   """MaTU (many-task setting only): adapters shared through the MaTU round, heads per
   task (the many-task engine averages them)."""
-  cfg = config_block(config, 'matu', default_config())
+  cfg = CONFIG.of(config)
   if info.num_tasks <= 0:
     raise ConfigError("algorithm 'matu' runs in the many-task setting only "
                       "(config.setting='many_task', e.g. configs/matu.py)")
-  check_choice('matu.combine', cfg.combine, mm.COMBINES)
-  check_choice('matu.cross', cfg.cross, mm.CROSS)
-  check_choice('matu.tie', cfg.tie, mm.TIES)
-  if not 0. <= float(cfg.rho) <= 1.:
-    raise ConfigError(f'matu.rho={cfg.rho} is out of range; valid range: 0 <= rho <= 1')
-  if not 0. <= float(cfg.eps) <= 1.:
-    raise ConfigError(f'matu.eps={cfg.eps} is out of range; valid range: 0 <= eps <= 1 '
-                      '(the sign similarity lies in [0, 1])')
-  if int(cfg.kappa) < 1:
-    raise ConfigError(f'matu.kappa={cfg.kappa} is out of range; valid range: kappa >= 1 '
-                      "(matu.cross='none' turns the cross-task vector off)")
   return Algorithm(name='matu', client=Client(), server=server(cfg, info.num_tasks),
                    roles={'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'})

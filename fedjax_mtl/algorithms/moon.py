@@ -14,13 +14,20 @@ too, so a MOON step runs the encoder four times.
 
 import ml_collections
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedavg, plugin_math
-from fedjax_mtl.algorithms.base import Algorithm, Client, ClientCtx, FedInfo, config_block
-from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.algorithms.base import Algorithm, Client, ClientCtx, FedInfo
+
+CONFIG = fields.Block('moon', {
+    'mu': fields.Field(plugin_math.MOON_MU, 'MOON: weight μ of the model-contrastive loss',
+                       fields.at_least(0)),
+    'tau': fields.Field(plugin_math.MOON_TAU, 'MOON: temperature τ of the model-contrastive '
+                        'loss', fields.above(0)),
+}, reads=('fedavg',))
 
 
 def default_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({'mu': plugin_math.MOON_MU, 'tau': plugin_math.MOON_TAU})
+  return CONFIG.config()
 
 
 def client(mu: float, tau: float) -> Client:
@@ -37,10 +44,7 @@ def client(mu: float, tau: float) -> Client:
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg's roles and server; MOON's client."""
-  cfg = config_block(config, 'moon', default_config())
-  if not (cfg.mu >= 0 and cfg.tau > 0):
-    raise ConfigError(f'moon.mu={cfg.mu}, moon.tau={cfg.tau} are out of range; valid ranges: '
-                      'mu >= 0, tau > 0')
+  cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
   return Algorithm(name='moon', client=client(cfg.mu, cfg.tau), server=base.server,
                    roles=base.roles)

@@ -49,25 +49,48 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms.base import (Algorithm, Client, FedInfo, PyTree, Server,
-                                        ServerInputs, ServerState, broadcast_rows, config_block,
-                                        is_head_key, linear_outputs, linearized_forward,
-                                        tree_mean)
+                                        ServerInputs, ServerState, broadcast_rows, is_head_key,
+                                        linear_outputs, linearized_forward, tree_mean)
 from fedjax_mtl.algorithms import fedprox
 from fedjax_mtl.algorithms.plugin_math import add_scaled
 from fedjax_mtl.errors import ConfigError
 
 POINTS = ('server', 'pretrained')
 
+# α = 1 (spec §4), no client negated, the linearised forward on, linearised around the
+# server model of the round (`point='server'`; 'pretrained': around the run's initial
+# model θ_0 every round, the Fig. 5 ablation).
+CONFIG = fields.Block('ntkfedavg', {
+    'server_lr': fields.Field(1.0, 'NTKFedAvg: server step α on the mean task vector',
+                              fields.above(0)),
+    'negate': fields.Field('', 'NTKFedAvg: clients whose task vectors are negated (federated '
+                           "unlearning), comma-separated ids ('' = none)"),
+    'linearize': fields.Field(True, 'NTKFedAvg: clients train the NTK-linearised model (False: '
+                              'the plain forward, FedAvg with this server)'),
+    'point': fields.Field('server', "NTKFedAvg: linearisation point: server (the round's server "
+                          'model) or pretrained (the initial model, every round)',
+                          choices=POINTS),
+    'freeze_heads': fields.Field(True, 'NTKFedAvg, dense setting: the linearised clients keep '
+                                 "their heads at their initial values (the paper's frozen "
+                                 'decoder); False trains them'),
+    'mu': fields.Field(0.0, 'NTKFedAvg: proximal coefficient μ of μ/2 ‖θ − θ_start‖² on the '
+                       'shared parameters (1: NTKFedProx; with linearize=false, FedProx)',
+                       fields.at_least(0)),
+    'tune_alpha': fields.Field(False, 'NTKFedAvg, many-task setting: choose the server step α '
+                               'every round on a server-held validation split (spec A.3)'),
+    'alpha_grid': fields.Field('', "NTKFedAvg α tuning: comma-separated α values ('' = 0.25, "
+                               '0.5, ..., number of clients)'),
+    'val_fraction': fields.Field(0.1, "NTKFedAvg α tuning: fraction of each task's training "
+                                 'examples the server holds out', fields.above(0)),
+    'val_max': fields.Field(5000, 'NTKFedAvg α tuning: at most this many held-out examples per '
+                            'task', fields.at_least(1)),
+})
+
 
 def default_config() -> ml_collections.ConfigDict:
-  """α = 1 (spec §4), no client negated, the linearised forward on, linearised
-  around the server model of the round (`point='server'`; 'pretrained': around
-  the run's initial model θ_0 every round, the Fig. 5 ablation)."""
-  return ml_collections.ConfigDict({'server_lr': 1.0, 'negate': '', 'linearize': True,
-                                    'point': 'server', 'freeze_heads': True, 'mu': 0.0,
-                                    'tune_alpha': False, 'alpha_grid': '', 'val_fraction': 0.1,
-                                    'val_max': 5000})
+  return CONFIG.config()
 
 
 def alpha_grid(cfg, num_clients: int) -> np.ndarray:
@@ -136,20 +159,12 @@ def alpha_sweep(apply: Callable, c: PyTree, tau: PyTree, x: jax.Array, alphas: j
 
 
 def build(info: FedInfo, config=None) -> Algorithm:
-  cfg = config_block(config, 'ntkfedavg', default_config())
+  cfg = CONFIG.of(config)
   dense = info.num_tasks <= 0
-  if not float(cfg.server_lr) > 0:
-    raise ConfigError(f'ntkfedavg.server_lr={cfg.server_lr} is out of range; valid range: '
-                      'server_lr > 0')
   point = str(cfg.point)
-  if point not in POINTS:
-    raise ConfigError(f'ntkfedavg.point={point!r} is not a linearisation point; valid '
-                      'choices: ' + ', '.join(map(repr, POINTS)))
   if dense and point != 'server':
     raise ConfigError(f"ntkfedavg.point={point!r} runs in the many-task setting only; the "
                       "dense setting linearises around the server model (point='server')")
-  if not float(cfg.mu) >= 0:
-    raise ConfigError(f'ntkfedavg.mu={cfg.mu} is out of range; valid range: mu >= 0')
   negate = negated_clients(cfg)
   if dense and negate and max(negate) >= info.num_clients:
     raise ConfigError(f'ntkfedavg.negate names client {max(negate)}, but the scenario has '

@@ -3,7 +3,7 @@ which (client, task) pairs train in each round.
 
 A *pair* is one (client, task) of the allocation, numbered client-major (pair
 ids sort by client, then task). Per round, the participating clients
-(`many_task.sample_participants`, a pure function of seed and round) bring all
+(`allocation.sample_participants`, a pure function of seed and round) bring all
 their pairs; `schedule[r]` lists them, padded with the dummy pair id M (no data,
 weight 0) to S = the most pairs any round has, so one compiled round serves
 every round (the participants are gathered, nothing recompiles).
@@ -16,58 +16,86 @@ import dataclasses
 import ml_collections
 import numpy as np
 
+from fedjax_mtl import fields
 from fedjax_mtl import tasks as tasks_lib
-from fedjax_mtl.data import many_task, mini8
+from fedjax_mtl.data import mini8
+from fedjax_mtl.manytask import allocation
 from fedjax_mtl.errors import ConfigError, check_choice
 
 BENCHMARKS = tasks_lib.CLASSIFICATION_BENCHMARKS
 CLASS_SPLITS = ('dirichlet', 'iid')
 
 
+# The `many` block (used when `setting='many_task'`).
+CONFIG = fields.Block('many', {
+    'benchmark': fields.Field('mini8', 'many_task: mini8 (offline), tfds8 (the real 8 tasks) or '
+                              "folder30 (MaTU's 30 tasks as ImageFolder trees, "
+                              'data/folder30.py)', choices=BENCHMARKS),
+    'tasks': fields.Field('', "many_task: comma-separated subset of the benchmark's tasks "
+                          "('' = all)"),
+    'num_clients': fields.Field(10, 'many_task: clients N', fields.at_least(1)),
+    'zeta_t': fields.Field(0.0, 'many_task: Dirichlet task concentration ζ_t (0: one task per '
+                           'client)', fields.at_least(0)),
+    'zeta_c': fields.Field(0.1, 'many_task: Dirichlet class concentration ζ_c',
+                           fields.above(0)),
+    'class_split': fields.Field('dirichlet', "many_task: split of each task's classes over its "
+                                "clients: dirichlet (ζ_c) or iid (NIID-Bench's \"homo\": equal "
+                                'random parts)', choices=CLASS_SPLITS),
+    # Instead of the Dirichlet task allocation: exactly this many tasks per client
+    # (MaTU's Fig. 5), or explicit groups (Fig. 6a).
+    'tasks_per_client': fields.Field(0, 'many_task: exactly this many tasks per client instead '
+                                     'of the Dirichlet allocation (0 = off)',
+                                     fields.at_least(0)),
+    'client_tasks': fields.Field('', 'many_task: explicit task groups, client n holds group n '
+                                 "mod G ('a+b+c;d+e', '' = off)"),
+    # manytask/feed.py FEEDS (which imports this module; a test keeps them equal)
+    'feed': fields.Field('device', "many_task: 'device' (every training image on the device) "
+                         "or 'round' (the round's samples, gathered each round; the real 8 "
+                         'tasks at 224)', choices=('device', 'round')),
+    'participation': fields.Field(1.0, 'many_task: participation ξ, the fraction of clients per '
+                                  'round', fields.fraction()),
+    'local_epochs': fields.Field(1, 'many_task: local epochs per pair and round (0 with '
+                                 'local_steps)', fields.at_least(0)),
+    'local_steps': fields.Field(0, 'many_task: local steps per pair and round instead of '
+                                'epochs (0 = use local_epochs)', fields.at_least(0)),
+    # NTKFedAvg's "local work": per-dataset epochs (spec ntkfedavg §4)
+    'task_epochs': fields.Field('', "many_task: 'task=E,...' local epochs of these tasks' pairs "
+                                "in place of local_epochs ('' = none), e.g. 'mnist=5,dtd=76'"),
+    'model': fields.Field('vit_micro', 'many_task: ViT (fedjax_mtl/models/vit.py MODELS)',
+                          choices=lambda: tuple(_vit().MODELS)),
+    'resolution': fields.Field(32, 'many_task: input resolution', fields.at_least(8)),
+    'lora_rank': fields.Field(8, 'many_task: LoRA rank r', fields.at_least(1)),
+    'lora_alpha': fields.Field(0.0, 'many_task: LoRA alpha (0: alpha = r)', fields.at_least(0)),
+    'lora_seed': fields.Field(0, 'many_task: seed of the shared LoRA A', fields.SEED),
+    'num_train': fields.Field(0, 'many_task: train examples per task (0 = all)',
+                              fields.at_least(0)),
+    'num_test': fields.Field(0, 'many_task: test examples per task (0 = all)',
+                             fields.at_least(0)),
+    'data_dir': fields.Field('', "many_task tfds8: TFDS data dir ('' = $TFDS_DATA_DIR or "
+                             "~/tensorflow_datasets); folder30: the folder of <task>/train and "
+                             "<task>/test ('' = $FEDJAX_MTL_FOLDER30_DIR)"),
+    'heads': fields.Field('', "many_task: '' (a trained linear head per task) or the .npz of "
+                          'scripts/zeroshot_heads.py (frozen zero-shot heads, CLIP towers)'),
+    'pretrained': fields.Field('warmup', "many_task: backbone: 'warmup' (mini8's cached "
+                               "warm-up), a .npz from scripts/convert_vit.py, or '' (random)"),
+    'warmup_steps': fields.Field(1000, 'many_task: steps of the warm-up', fields.at_least(1)),
+    'warmup_seed': fields.Field(0, 'many_task: seed of the warm-up', fields.SEED),
+    'cache_dir': fields.Field('', "many_task: warm-up cache ('' = $FEDJAX_MTL_CACHE or "
+                              '~/.cache/fedjax_mtl)'),
+    'individual_reference': fields.Field('', 'many_task: workdir of a finished Individual run '
+                                         'of the same tasks and data: results get accuracy '
+                                         "normalised by it ('' = none)"),
+}, applies_to="setting='many_task'")
+
+
+def _vit():
+  from fedjax_mtl.models import vit  # the ViTs (flax) only when their names are asked for
+  return vit
+
+
 def default_config() -> ml_collections.ConfigDict:
-  """The `many` block (used when `setting='many_task'`)."""
-  return ml_collections.ConfigDict({
-      # 'mini8' (offline), 'tfds8' (the real 8 tasks from TFDS) or 'folder30' (MaTU's
-      # 30 tasks as ImageFolder trees, data/folder30.py)
-      'benchmark': 'mini8',
-      'tasks': '',  # comma-separated subset ('' = all)
-      'num_clients': 10,
-      'zeta_t': 0.0,  # task concentration (0: one task per client)
-      'zeta_c': 0.1,  # class concentration of the Dirichlet class split
-      'class_split': 'dirichlet',  # or 'iid' (NIID-Bench's "homo": equal random parts)
-      # Instead of the Dirichlet task allocation: exactly this many tasks per client
-      # (0 = off; MaTU's Fig. 5), or explicit groups, client n holding group n mod G,
-      # e.g. 'digits+digits_perm+shapes;colors+gratings+texture_freq' (Fig. 6a)
-      'tasks_per_client': 0,
-      'client_tasks': '',
-      # 'device': every training image on the device once; 'round': only the round's
-      # pairs' samples, gathered each round (manytask/feed.py; the real 8 tasks at 224)
-      'feed': 'device',
-      'participation': 1.0,  # ξ: fraction of clients per round
-      'local_epochs': 1,  # per pair per round (0 when local_steps is set)
-      'local_steps': 0,  # > 0: this many steps per pair per round instead of epochs
-      # 'task=E,...': local epochs of these tasks' pairs in place of local_epochs
-      # (NTKFedAvg's "local work": per-dataset epochs, spec ntkfedavg §4)
-      'task_epochs': '',
-      'model': 'vit_micro',
-      'resolution': 32,
-      'lora_rank': 8,
-      'lora_alpha': 0.0,  # 0: alpha = rank (scale 1)
-      'lora_seed': 0,
-      'num_train': 0,  # per task (0 = the whole split)
-      'num_test': 0,
-      # tfds8: the TFDS data dir ('' = $TFDS_DATA_DIR or ~/tensorflow_datasets);
-      # folder30: the folder of <task>/{train,test} ('' = $FEDJAX_MTL_FOLDER30_DIR)
-      'data_dir': '',
-      # '' = a trained linear head per task; a .npz of scripts/zeroshot_heads.py = frozen
-      # zero-shot heads (CLIP towers; NTKFedAvg's CLIP benchmark)
-      'heads': '',
-      'pretrained': 'warmup',  # 'warmup' (mini8), a backbone .npz, or '' (random init)
-      'warmup_steps': 1000,
-      'warmup_seed': 0,
-      'cache_dir': '',  # warm-up cache ('' = $FEDJAX_MTL_CACHE or ~/.cache/fedjax_mtl)
-      'individual_reference': '',  # workdir of an Individual run: normalised accuracy
-  })
+  """The `many` block at its defaults."""
+  return CONFIG.config()
 
 
 def benchmark_tasks(benchmark: str) -> tuple[str, ...]:
@@ -137,11 +165,11 @@ def task_assignment(cfg, tasks: tuple[str, ...], seed: int) -> np.ndarray | None
   if cfg.tasks_per_client and cfg.client_tasks:
     raise ConfigError('many.tasks_per_client and many.client_tasks both set; give one')
   if cfg.tasks_per_client:
-    return many_task.fixed_tasks(n, len(tasks), int(cfg.tasks_per_client), seed)
+    return allocation.fixed_tasks(n, len(tasks), int(cfg.tasks_per_client), seed)
   groups = client_groups(cfg, tasks)
   if not groups:
     return None
-  a = many_task.grouped_tasks(n, groups, len(tasks))
+  a = allocation.grouped_tasks(n, groups, len(tasks))
   if not a.any(0).all():
     missing = [tasks[t] for t in np.flatnonzero(~a.any(0))]
     raise ConfigError(f'many.client_tasks leaves tasks {", ".join(missing)} to no client '
@@ -154,7 +182,7 @@ class Setting:
   """Who holds what and who trains when (all NumPy, closed over by jitted code)."""
   tasks: tuple[str, ...]
   num_classes: tuple[int, ...]
-  allocation: many_task.Allocation
+  allocation: allocation.Allocation
   pairs: np.ndarray  # [M, 2] (client, task) of every allocated pair, client-major
   counts: np.ndarray  # [M] training examples of each pair
   index_table: np.ndarray  # [M + 1, max_n] indices into the concatenated train set
@@ -199,7 +227,7 @@ def build_setting(tasks: tuple[str, ...], data: TaskData, cfg, num_rounds: int,
   zeta_t = float(cfg.zeta_t)
   check_choice('many.class_split', cfg.class_split, CLASS_SPLITS)
   zeta_c = None if cfg.class_split == 'iid' else float(cfg.zeta_c)
-  alloc = many_task.allocate([lab for _, lab in data.train], int(cfg.num_clients), zeta_t,
+  alloc = allocation.allocate([lab for _, lab in data.train], int(cfg.num_clients), zeta_t,
                              zeta_c, seed, assignment=task_assignment(cfg, tasks, seed))
   pairs = np.array([(c, t) for c in range(alloc.num_clients) for t in alloc.tasks_of(c)],
                    np.int32).reshape(-1, 2)
@@ -210,7 +238,7 @@ def build_setting(tasks: tuple[str, ...], data: TaskData, cfg, num_rounds: int,
   for i, r in enumerate(rows):
     table[i, :len(r)] = r
   pair_id = {(int(c), int(t)): i for i, (c, t) in enumerate(pairs)}
-  participants = np.stack([many_task.sample_participants(alloc.num_clients,
+  participants = np.stack([allocation.sample_participants(alloc.num_clients,
                                                          float(cfg.participation), r, seed)
                            for r in range(num_rounds)])
   per_round = [[pair_id[(int(c), int(t))] for c in p for t in alloc.tasks_of(c)]
