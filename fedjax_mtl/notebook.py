@@ -51,7 +51,7 @@ def setup(cache_dir: str = '~/.cache/fedjax_mtl/xla') -> str:
     if p not in sys.path:
       sys.path.insert(0, p)
   hostmem.reuse_freed_memory()
-  import compare  # scripts/compare.py: the cache as every script sets it
+  from fedjax_mtl import compare  # the cache as every script sets it
   compare.use_xla_cache(cache_dir)
   import jax
   devices = jax.devices()

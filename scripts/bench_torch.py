@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import types
@@ -39,7 +40,8 @@ except ImportError:  # an optional extra: --help works without it, main() names 
   torch = F = None
   nn = types.SimpleNamespace(Module=object)  # so that the model classes below still define
 
-from compare_torch import serve
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from benchmarks.torch_compare import serve  # noqa: E402  (imports neither jax nor torch)
 
 
 def _timeit(fn, repeats):

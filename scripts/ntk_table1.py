@@ -36,10 +36,9 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402
-from fedjax_mtl import report  # noqa: E402
-from fedjax_mtl.errors import ConfigError  # noqa: E402
+from fedjax_mtl import compare
+from fedjax_mtl import report
+from fedjax_mtl.errors import ConfigError
 
 METHODS = {
     'fedavg': 'ntkfedavg.linearize=false',

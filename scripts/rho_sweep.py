@@ -21,12 +21,10 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402  (scripts/compare.py: planning, final metrics)
-
-from fedjax_mtl import report  # noqa: E402
-from fedjax_mtl.errors import ConfigError  # noqa: E402
-from fedjax_mtl.metrics.delta_m import delta_m  # noqa: E402
+from fedjax_mtl import compare  # planning, final metrics
+from fedjax_mtl import report
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.metrics.delta_m import delta_m
 
 
 def mean_amplification(workdir: str) -> float:
@@ -119,7 +117,7 @@ def _sweep(a: argparse.Namespace) -> dict:
     rho = float(run.config.dea.rho)
     finals[rho].append(compare.final_metrics(run.workdir))
     amp[rho].append(mean_amplification(run.workdir))
-  dms = {r: [delta_m(m, ref, lower_is_better=compare._lower)
+  dms = {r: [delta_m(m, ref, lower_is_better=compare.column_lower_is_better)
              for m, ref in zip(finals[r], finals[1.0])] for r in rhos}
   md, csv_text = sweep_table(rhos, dms, amp)
   os.makedirs(a.out, exist_ok=True)

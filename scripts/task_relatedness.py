@@ -6,7 +6,7 @@
 The run is usually the "Individual" baseline of the many-task setting
 (`configs/local.py:mini8 many.num_clients=8 many.class_split=iid`: one client per
 task holding all of it), but any many-task run whose adapters differ per task works.
-Its config (RUN/config.json) is rebuilt with `fedjax_mtl.manytask.run.build` and
+Its config (RUN/config.json) is rebuilt with `fedjax_mtl.manytask.run.build_run` and
 the newest checkpoint restored.
 
 - **Task vector** τ^t: the adapters (every trainable leaf but the head), flattened
@@ -239,7 +239,7 @@ def load_run(workdir: str):
   if Checkpointer.latest_in(ckpt_dir) is None:
     raise ConfigError(f'{workdir!r} holds no checkpoint (no {ckpt_dir}/<round>); let the run '
                       'finish at least one checkpointed round')
-  run = run_lib.build(config)
+  run = run_lib.build_run(config)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                           run_lib.init_state(run))
   ckpt = Checkpointer(ckpt_dir)

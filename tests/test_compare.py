@@ -1,5 +1,6 @@
-"""scripts/compare.py: finished runs are reused only for the config asked for; bad
---run specs and changed configs stop it with one `error:` line (exit code 2).
+"""scripts/compare.py (fedjax_mtl.compare): finished runs are reused only for the
+config asked for; bad --run specs and changed configs stop it with one `error:` line
+(exit code 2).
 
 Finished runs are faked (config.json, results.csv, metrics.jsonl) and training is
 replaced by a recorder, so nothing here trains.
@@ -14,12 +15,10 @@ import sys
 import pytest
 
 from conftest import snapshot
+from fedjax_mtl import compare
+from fedjax_mtl import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-
-import compare  # noqa: E402
-from fedjax_mtl import train  # noqa: E402
 
 LOCAL = 'configs/local.py:smoke'
 FEDAVG = 'configs/fedavg.py:smoke'

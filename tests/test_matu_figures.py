@@ -1,16 +1,10 @@
-"""scripts/matu_figures.py: the sweep's overrides, its table and plot, and bad input
-(nothing trains here)."""
-
-import json
-import os
-import sys
+"""scripts/matu_figures.py (fedjax_mtl.matu_figures): the sweep's overrides, its table
+and plot, and bad input (nothing trains here)."""
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-
-import matu_figures  # noqa: E402
+from fedjax_mtl import compare
+from fedjax_mtl import matu_figures
 
 
 def test_point_overrides():
@@ -21,7 +15,6 @@ def test_point_overrides():
   assert o == ('many.client_tasks=digits+digits_perm+digits_clutter;shapes+colors+count_dots '
                'many.tasks=colors,count_dots,digits,digits_clutter,digits_perm,shapes')
   # The overrides load as config fields (compare's spec syntax).
-  import compare
   cfg = compare.load_config(f'{matu_figures.METHODS["matu"]} {o}')
   assert cfg.many.client_tasks.count(';') == 1
 

@@ -54,10 +54,7 @@ def test_plots_written_from_metrics_rows(tmp_path):
 
 
 def test_compare_reads_finished_runs_and_writes_delta_m_over_seeds(tmp_path):
-  import json
-  import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
-  import compare
+  from fedjax_mtl import compare
   values = {'local': [[40., 20., 50., 0.5], [42., 21., 52., 0.5]],
             'fedavg': [[44., 18., 45., 0.6], [40., 22., 50., 0.4]]}
   for name, per_seed in values.items():
@@ -86,9 +83,7 @@ def test_compare_reads_finished_runs_and_writes_delta_m_over_seeds(tmp_path):
 
 
 def test_compare_config_overrides():
-  import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scripts'))
-  import compare
+  from fedjax_mtl import compare
   root = os.path.dirname(os.path.dirname(__file__))
   cfg = compare.load_config(os.path.join(root, 'configs/hca2.py') + ':smoke '
                             'hca2.decoder_agg=none hca2.ca_c=0.2 num_rounds=5 hca2.homo=false')

@@ -1,4 +1,4 @@
-"""README commands, CI script and the benchmark script."""
+"""README commands, CI script, the scripts' --help pages and the benchmarks (benchmarks/)."""
 
 import argparse
 import ast
@@ -10,7 +10,6 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
 
 
 def _readme_commands():
@@ -37,20 +36,32 @@ def test_readme_main_command_names_an_existing_config():
 
 
 def test_bench_engine_reports_every_figure():
-  import bench
-  out = bench.bench_engine('smoke', repeats=1)
+  from benchmarks import engine
+  out = engine.bench_engine('smoke', repeats=1)
   for k in ('round_compile_s', 'round_s', 'group_vmap_s', 'group_loop_s', 'vmap_speedup',
             'group_images_per_s', 'peak_memory_mb'):
     assert out[k] > 0, k
   assert out['vmap_speedup'] == out['group_loop_s'] / out['group_vmap_s']
 
 
+def test_bench_script_runs_from_any_directory_and_lists_every_benchmark(tmp_path):
+  """scripts/bench.py is `python -m benchmarks` from any working directory; the help
+  names every --only mode."""
+  from benchmarks import __main__ as cli
+  r = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'bench.py'), '--help'],
+                     cwd=tmp_path, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
+  assert set(cli.RUNS) | {'all'} == set(cli.CHOICES) and set(cli.ALL) <= set(cli.RUNS)
+  for name in cli.RUNS:
+    assert f'--only={name} ' in cli.__doc__ and name in r.stdout, name
+
+
 def test_compare_torch_worker_protocol():
   """scripts/compare_torch.py's worker protocol: 'ready', then one duration per line."""
-  import compare_torch
-  code = ('import sys; sys.path.insert(0, sys.argv[1]); from compare_torch import serve; '
-          'print("library noise"); serve(lambda: (lambda: sum(range(10000))))')
-  w = compare_torch.Worker([sys.executable, '-c', code, os.path.join(ROOT, 'scripts')])
+  from benchmarks import torch_compare
+  code = ('import sys; sys.path.insert(0, sys.argv[1]); from benchmarks.torch_compare import '
+          'serve; print("library noise"); serve(lambda: (lambda: sum(range(10000))))')
+  w = torch_compare.Worker([sys.executable, '-c', code, ROOT])
   try:
     times = [w.call() for _ in range(3)]
   finally:
@@ -60,19 +71,19 @@ def test_compare_torch_worker_protocol():
 
 
 def test_bench_mfu_counts_model_flops_of_the_step():
-  import bench
   import jax
-  small, f2, f3 = (bench.model_flops(32, batch=b, encoder='swin_nano') for b in (1, 2, 3))
+  from benchmarks import common, models
+  small, f2, f3 = (models.model_flops(32, batch=b, encoder='swin_nano') for b in (1, 2, 3))
   # Per-image work plus a batch-independent optimizer update: linear in the batch.
   per_image = f2 - small
   assert 0 < per_image < small and abs((f3 - f2) - per_image) < 1e-3 * per_image
-  out = bench.bench_mfu(32, batch=1, encoder='swin_nano', dtype='float32', repeats=1,
-                        peak_tflops=1.0)
+  out = models.bench_mfu(32, batch=1, encoder='swin_nano', dtype='float32', repeats=1,
+                         peak_tflops=1.0)
   assert out['model_tflop_per_step'] * 1e12 == small
   assert out['achieved_tflops'] == small / out['step_s'] / 1e12
   assert out['mfu'] == out['achieved_tflops'] / 1.0
   if jax.devices()[0].platform == 'cpu':  # no peak is known for a CPU: no MFU claimed
-    assert bench.peak_flops(0.0) == 0.0
+    assert common.peak_flops(0.0) == 0.0
 
 
 SCRIPTS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, 'scripts')) if f.endswith('.py'))
@@ -116,15 +127,15 @@ def test_script_help_prints_the_whole_description_and_explains_every_flag(script
   assert _rows_without_help(r.stdout) == []
 
 
-def test_bench_steps_linearised_step_matches_plain_at_the_linearisation_point():
-  """`scripts/bench_steps.py` times NTKFedAvg's linearised step against the plain one:
+def test_gpu_linearised_step_matches_plain_at_the_linearisation_point():
+  """`benchmarks/gpu.py` times NTKFedAvg's linearised step against the plain one:
   at φ = c both steps see the same loss and make the same first update; the
   linearised step costs more FLOPs; `report` gives per-client memory and MFU."""
-  import bench_steps
   import jax
   import jax.numpy as jnp
   import numpy as np
-  tasks = [bench_steps.clip_task(32, 2, jnp.float32, linear=lin, model='clip_tiny_test')
+  from benchmarks import gpu
+  tasks = [gpu.clip_task(32, 2, jnp.float32, linear=lin, model='clip_tiny_test')
            for lin in (False, True)]
   outs = []
   for t in tasks:
@@ -135,8 +146,8 @@ def test_bench_steps_linearised_step_matches_plain_at_the_linearisation_point():
   np.testing.assert_allclose(outs[0][3], outs[1][3], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(outs[0][0]), jax.tree.leaves(outs[1][0])):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-  plain, linear = (bench_steps.step_flops(t) for t in tasks)
+  plain, linear = (gpu.step_flops(t) for t in tasks)
   assert 1.2 * plain < linear < 3 * plain
-  r = bench_steps.report(tasks[1], repeats=1, model_flops=linear, peak=1e12)
+  r = gpu.report(tasks[1], repeats=1, model_flops=linear, peak=1e12)
   assert r['loss_finite'] and r['client_gib'] > r['args_gib'] > 0
   assert r['mfu'] == linear / r['step_s'] / 1e12

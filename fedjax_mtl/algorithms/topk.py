@@ -38,8 +38,6 @@ denormals are ordered exactly (no flush to zero), -0 equals +0.
 
 from __future__ import annotations
 
-import math
-import time
 import zlib
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -606,10 +604,24 @@ def kth_largest_abs(rows: PyTree, k: jax.Array | int,
   clipped to [1, d_client]. NaN counts as the largest value; a client without entries
   gets 0.
   """
+  return _value(kth_threshold(rows, k, row_client, num_clients))
+
+
+def kth_threshold(rows: PyTree, k: jax.Array | int,
+                  row_client: Mapping[str, Sequence[int]] | None = None,
+                  num_clients: int | None = None, stats: bool = False):
+  """The selection `kth_largest_abs` runs, as keys: the exact k-th largest |x| per
+  client as its key, int32 [K] (the bit pattern of |x|, ordered like |x|; a client
+  without entries gets 0). Arguments as `kth_largest_abs`'s.
+
+  With `stats`, (keys, {'passes', 'compacted_passes'}): the counting passes over the
+  whole update and over compacted columns (both 0 when every client has at most
+  2^16 entries: one sort then). benchmarks/feddea.py times the selection alone with it.
+  """
   views = _views(rows, row_client)
   if num_clients is None:
     num_clients = max(int(o.max(initial=-1)) for _, o in views.values()) + 1
-  return _value(_kth_keys(_parts(views), k, _sizes(views, num_clients)))
+  return _kth_keys(_parts(views), k, _sizes(views, num_clients), stats=stats)
 
 
 def client_sizes(deltas: Views, row_client: Mapping[str, Sequence[int]],
@@ -757,73 +769,3 @@ def popcount_gram(words: jax.Array) -> jax.Array:
   pairwise intersections of the rows' bit sets (the diagonal: each set's size)."""
   return jnp.sum(jax.lax.population_count(words[:, None, :] & words[None, :, :]), axis=2,
                  dtype=jnp.int32)
-
-
-# ----------------------------------------------------------------------------
-# Benchmark.
-# ----------------------------------------------------------------------------
-
-def _timeit(fn: Callable, repeats: int) -> float:
-  """Best-of-`repeats` wall seconds of fn() (which blocks on its result)."""
-  best = math.inf
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - t0)
-  return best
-
-
-def bench_top_rho(num_clients: int, sizes: Sequence[int], repeats: int = 3,
-                  rho: float = 0.25, baselines: Sequence[str] = ('sort',),
-                  seed: int = 0) -> dict:
-  """Seconds of the top-ρ mask (float32 0/1, and bool: 1 byte an entry) and of its
-  threshold alone against the FedAvg aggregation of the same update (`tensordot` of
-  uniform weights over the client axis, per leaf): `num_clients` rows of leaves of
-  `sizes` entries, normal values with a log-uniform scale per leaf (1e-5..1e-3, like
-  layers that move at different rates).
-
-  `baselines`: 'sort' (jnp.sort of each client's concatenated |Δ|, the spec's
-  pseudo-code) and 'top_k' (lax.top_k, the implementation this replaces); each takes
-  minutes at Swin-T scale on a 2-core CPU, so they run once after their first call.
-  Every program is compiled and run once before timing (`*_first_call_s`); ratios
-  are to FedAvg timed in the same process. `passes` / `compacted_passes`: counting
-  passes over the update / over compacted columns.
-  """
-  rng = np.random.default_rng(seed)
-  scales = 10.0 ** rng.uniform(-5, -3, len(sizes))
-  make = jax.jit(lambda key: [s * jax.random.normal(k, (num_clients, n), jnp.float32)
-                              for k, n, s in zip(jax.random.split(key, len(sizes)), sizes,
-                                                 scales)])
-  leaves = jax.block_until_ready(make(jax.random.PRNGKey(seed)))
-  row_client = {'encoder': tuple(range(num_clients))}
-  w = jnp.full((num_clients,), 1.0 / num_clients, jnp.float32)
-  d = int(sum(sizes))
-  k = max(int(math.floor(rho * d)), 1)
-  flat = lambda x: jnp.concatenate([jnp.abs(v) for v in x], axis=1)
-  programs = {
-      'fedavg': lambda w, x: [jnp.tensordot(w, v, axes=1, precision=jax.lax.Precision.HIGHEST)
-                              for v in x],
-      'mask': lambda w, x: top_rho_mask({'encoder': x}, row_client, num_clients, rho),
-      'mask_bool': lambda w, x: top_rho_mask({'encoder': x}, row_client, num_clients, rho,
-                                             dtype=jnp.bool_),
-      'threshold': lambda w, x: _kth_keys(_parts(_views({'encoder': x}, row_client)), k,
-                                          np.full(num_clients, d), stats=True),
-      'sort': lambda w, x: jnp.sort(flat(x), axis=1)[:, d - k],
-      'top_k': lambda w, x: jax.lax.top_k(flat(x), k)[0][:, -1],
-  }
-  names = ['fedavg', 'mask', 'mask_bool', 'threshold'] + [b for b in ('sort', 'top_k')
-                                                          if b in baselines]
-  out = {'num_clients': num_clients, 'entries_per_client': d, 'leaves': len(sizes),
-         'rho': rho}
-  for name in names:
-    fn = jax.jit(programs[name])
-    t0 = time.perf_counter()
-    res = jax.block_until_ready(fn(w, leaves))
-    out[f'{name}_first_call_s'] = time.perf_counter() - t0
-    if name == 'threshold':
-      out.update({key: int(v) for key, v in res[1].items()})
-    runs = 1 if name in ('sort', 'top_k') else repeats
-    out[f'{name}_s'] = _timeit(lambda fn=fn: jax.block_until_ready(fn(w, leaves)), runs)
-  for name in names[1:]:
-    out[f'{name}_vs_fedavg'] = out[f'{name}_s'] / out['fedavg_s']
-  return out

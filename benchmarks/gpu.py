@@ -1,8 +1,8 @@
 """One client's local training step of each paper configuration, and its NTK-linearised twin.
 
-Used by `scripts/bench.py --only=gpu` (MFU and per-client memory of the paper
-configs on whatever accelerator it finds) and `--only=ntk_step` (NTKFedAvg's
-linearised step against the plain one, spec ntkfedavg §2.6).
+`--only=gpu` (MFU and per-client memory of the paper configs on whatever
+accelerator it finds) and `--only=ntk_step` (NTKFedAvg's linearised step against
+the plain one, spec ntkfedavg §2.6).
 
 Every workload is a `Task`: `init(key) -> state` (params, batch statistics,
 optimizer state), `step(*state, *consts, x, y, key) -> (*state, loss)` with the
@@ -29,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-# Dense bf16 matmul peak (FLOP/s) by device kind, for MFU.
-PEAK_BF16_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}
+from benchmarks.common import peak_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,14 +200,6 @@ def _flops(lowered) -> float:
   return float((cost or {}).get('flops', float('nan')))
 
 
-def peak_flops(override_tflops: float = 0.0) -> float:
-  """The first device's dense bf16 peak FLOP/s (`PEAK_BF16_FLOPS` by device kind; 0 when
-  unknown, e.g. on CPU), or `override_tflops` TFLOP/s when given."""
-  kind = jax.devices()[0].device_kind
-  return override_tflops * 1e12 or next(
-      (v for k, v in PEAK_BF16_FLOPS.items() if k in kind), 0.0)
-
-
 def report(task: Task, repeats: int = 3, model_flops: float | None = None,
            peak: float = 0.0) -> dict:
   """Compile, memory analysis and best-of-`repeats` time of one step of `task`.
@@ -293,88 +284,6 @@ def bench_ntk_step(repeats: int = 3, deeplab=(512, 16), clip=(224, 32), dtype=jn
   return out
 
 
-def bench_ntk_alpha(repeats: int = 3, batch: int = 32, grid: int = 20, resolution: int = 224,
-                    model: str = 'ViT-B-32-quickgelu', dtype=jnp.float32) -> dict:
-  """The server-α grid (NTKFedAvg A.3) on one validation batch: `ntkfedavg.alpha_sweep`
-  (one `jax.linearize` + one JVP, then the frozen zero-shot head per α) against
-  `grid` plain forwards f(x; c + α·τ) of the CLIP tower (NTKFedAvg issue target:
-  ≤ 0.5x). Both jitted; the α grid is (1 .. grid) / 4 as decision A10's."""
-  from fedjax_mtl.algorithms import ntkfedavg
-  from fedjax_mtl.models import vit, zeroshot
-  net = vit.get_model(model, image_size=resolution, dtype=dtype)
-  c = vit.init_params(net, jax.random.PRNGKey(0))
-  tau = jax.tree.map(lambda p: 1e-3 * jax.random.normal(jax.random.PRNGKey(1), p.shape, p.dtype), c)
-  w = jax.random.normal(jax.random.PRNGKey(2), (net.output_dim, 10))
-  w = w / jnp.linalg.norm(w, axis=0, keepdims=True)
-  head = lambda z: zeroshot.zeroshot_logits(z, w, jnp.log(100.))
-  x = jax.random.uniform(jax.random.PRNGKey(3), (batch, resolution, resolution, 3))
-  alphas = jnp.arange(1, grid + 1, dtype=jnp.float32) / 4
-  apply = lambda p, x: net.apply({'params': p}, x)[0].astype(jnp.float32)
-  sweep = jax.jit(lambda c, t, x: ntkfedavg.alpha_sweep(apply, c, t, x, alphas, head))
-  plain = jax.jit(lambda c, t, x: jax.lax.map(
-      lambda a: head(apply(jax.tree.map(lambda p, d: p + a * d, c, t), x)), alphas))
-  forward = jax.jit(lambda c, x: head(apply(c, x)))
-  out = {'batch': batch, 'grid': grid, 'resolution': resolution}
-  for name, fn, args in (('sweep', sweep, (c, tau, x)), ('plain_grid', plain, (c, tau, x)),
-                         ('one_forward', forward, (c, x))):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    out[f'{name}_first_call_s'] = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      times.append(time.perf_counter() - t0)
-    out[f'{name}_s'] = min(times)
-  out['sweep_vs_plain_grid'] = out['sweep_s'] / out['plain_grid_s']
-  out['sweep_in_forwards'] = out['sweep_s'] / out['one_forward_s']
-  return out
-
-
-def bench_scan_conv(repeats: int = 2, clients: int = 5, steps: int = 4, batch: int = 16,
-                    resolution: int = 64, width: int = 16, head_width: int = 64) -> dict:
-  """Local steps of a conv model inside one `lax.scan` (as the engine's client scan
-  runs them) against the same steps as one jitted call each: `clients` vmapped
-  clients of a `width`-wide dilated ResNet-18 (output stride 8) + DeepLab head,
-  SGD, batch `batch` at `resolution`². On XLA:CPU the scanned convolutions run
-  several times slower than the same step dispatched on its own."""
-  from fedjax_mtl.models import deeplab, resnet
-  net = deeplab.DeepLabNet(resnet.ResNet(width=width, output_stride=8), (21,), train=True,
-                           head_width=head_width)
-  x = jax.random.normal(jax.random.PRNGKey(0), (steps, clients, batch, resolution, resolution, 3))
-  v = net.init(jax.random.PRNGKey(1), x[0, 0])
-  bs = jax.tree.map(lambda a: jnp.stack([a] * clients), v['batch_stats'])
-  p0 = jax.tree.map(lambda a: jnp.stack([a] * clients), v['params'])
-
-  def loss(p, b, x):
-    out, _ = net.apply({'params': p, 'batch_stats': b}, x, mutable=['batch_stats'],
-                       rngs={'dropout': jax.random.PRNGKey(0)})
-    return jnp.mean(out[0] ** 2)
-
-  step = jax.vmap(lambda p, b, x: jax.tree.map(lambda a, g: a - 1e-3 * g, p,
-                                               jax.grad(loss)(p, b, x)))
-  one = jax.jit(step)
-  scan = jax.jit(lambda p, b, xs: jax.lax.scan(lambda c, x: (step(c, b, x), None), p, xs)[0])
-
-  def each(p):
-    for i in range(steps):
-      p = one(p, bs, x[i])
-    return p
-
-  out = {'clients': clients, 'steps': steps, 'batch': batch, 'resolution': resolution,
-         'width': width, 'head_width': head_width}
-  for name, fn in (('separate_calls', lambda: each(p0)), ('one_scan', lambda: scan(p0, bs, x))):
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn())
-      times.append(time.perf_counter() - t0)
-    out[f'{name}_s'] = min(times)
-  out['scan_vs_separate'] = out['one_scan_s'] / out['separate_calls_s']
-  return out
-
-
 def bench_gpu(repeats: int = 5, peak_tflops: float = 0.0, log=print, scale: float = 1.0,
               only: tuple[str, ...] = ()) -> dict:
   """MFU and per-client memory of each paper configuration's client step on the
@@ -420,32 +329,3 @@ def bench_gpu(repeats: int = 5, peak_tflops: float = 0.0, log=print, scale: floa
     out[f'{b}.linear_remat_memory_ratio'] = (get('_linear_remat', 'client_gib')
                                              / get('', 'client_gib'))
   return out
-
-
-def main(argv=None):
-  import argparse
-  import json
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--mode', default='gpu', choices=['gpu', 'ntk_step'],
-                 help='gpu: every paper config step (as bench.py --only=gpu); ntk_step: the '
-                      'linearised steps against the plain ones (default: %(default)s)')
-  p.add_argument('--rows', default='',
-                 help='--mode=gpu: comma-separated workloads (default: all)')
-  p.add_argument('--scale', type=float, default=1.0,
-                 help='scale of the paper resolutions, e.g. 0.125 for a CPU dry run '
-                      '(default: %(default)s)')
-  p.add_argument('--repeats', type=int, default=3,
-                 help='timed calls per workload after a warm-up; the best is reported '
-                      '(default: %(default)s)')
-  a = p.parse_args(argv)
-  res = lambda n: scaled(n, a.scale)
-  if a.mode == 'gpu':
-    out = bench_gpu(a.repeats, scale=a.scale, only=tuple(filter(None, a.rows.split(','))))
-  else:
-    out = bench_ntk_step(a.repeats, deeplab=(res(512), 16), clip=(res(224), 32))
-  print(json.dumps(out, indent=1, default=str))
-
-
-if __name__ == '__main__':
-  main()

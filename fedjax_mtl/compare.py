@@ -1,0 +1,416 @@
+"""Run several methods on one scenario with the same seeds; write a comparison table.
+
+    python scripts/compare.py --out=runs/compare --seeds=0,1 \\
+        --run local=configs/local.py --run fedavg=configs/fedavg.py \\
+        --run fedhca2=configs/hca2.py \\
+        --run "enc-only=configs/hca2.py hca2.decoder_agg=none"
+
+Each `--run` is `NAME=CONFIG[:ARG] [field=value ...]` (overrides as dotted
+config fields). Runs go to OUT/NAME/seed<S>: a finished run of the same config
+is read back, not redone; an interrupted one resumes; a folder holding a run of
+another config stops the script before anything runs, unless --rerun_changed
+moves it aside. The table has one row per method, one column per client task
+(final round, mean ± std over seeds), Δm against the run named by --reference
+(default `local`; `--pair NAME=REF` sets another reference for one method, e.g.
+each +DEA row against its base) and the median seconds per round (rounds after
+the first, without evaluation), written to OUT/comparison.md and .csv.
+
+When every run is of the many-task setting (`setting='many_task'`, e.g.
+`configs/fedavg.py:mini8`), the table is MaTU's Table 1/2 (spec matu §5) instead:
+
+    python scripts/compare.py --out=runs/table1 --seeds=0,1,2 --reference=individual \\
+        --run "individual=configs/local.py:mini8 many.num_clients=8 many.class_split=iid" \\
+        --run fedavg=configs/fedavg.py:mini8 --run matu=configs/matu.py
+
+one column per task (top-1 accuracy % of the last evaluated round, mean ± std over
+seeds), `avg` (the mean over tasks), `normalised avg` (per seed the mean over tasks
+of 100·acc / acc of the --reference run of the same seed; the reference row is
+100.0), `bits/task` (mean over rounds and seeds of the uploaded bits per task; '–'
+for none, e.g. Individual) and the median seconds per round. There a seed sets the
+client split as well (`split_seed = seed`); a dense run keeps its `split_seed`.
+Many-task and dense runs cannot share one call; --pair is for Δm only.
+"""
+
+# The logic of scripts/compare.py, the command line above (also `python -m
+# fedjax_mtl.compare`); scripts/rho_sweep.py, ntk_table1.py, ntk_unlearning.py and
+# fedjax_mtl.matu_figures plan and run their sweeps with plan_runs and execute.
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import csv
+import io
+import os
+import sys
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fedjax_mtl import report
+from fedjax_mtl import workdir as workdir_lib
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.metrics.delta_m import delta_m
+
+
+def _parse_value(raw: str, old, field: str):
+  """`raw` as a value of the type of the field's current value `old`."""
+  if isinstance(old, str):
+    return raw
+  if isinstance(old, bool):
+    words = {'1': True, 'true': True, 'yes': True, '0': False, 'false': False, 'no': False}
+    if raw.lower() not in words:
+      raise ConfigError(f'{field}={raw}: expected true or false like the default {old}')
+    return words[raw.lower()]
+  try:
+    value = ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    if old is None:
+      return raw  # a None default takes any value; unquoted words are strings
+    raise ConfigError(f'{field}={raw}: not a Python literal; expected '
+                      f'{type(old).__name__} like the default {old!r}') from None
+  if old is None:
+    return value
+  if isinstance(old, int) and isinstance(value, float) and not value.is_integer():
+    raise ConfigError(f'{field}={raw}: expected int like the default {old!r}')
+  try:
+    return type(old)(value)
+  except (TypeError, ValueError):
+    raise ConfigError(f'{field}={raw}: expected {type(old).__name__} '
+                      f'like the default {old!r}') from None
+
+
+def load_config(spec: str):
+  """`configs/x.py[:arg] field=value ...` -> ConfigDict; ConfigError (one line) when
+  the file, its get_config, a field name or a value is wrong."""
+  if not spec.split():
+    raise ConfigError('empty config spec; expected CONFIG[:ARG] [field=value ...]')
+  from fedjax_mtl import config_doc
+  path, *overrides = spec.split()
+  cfg = config_doc.load_config(path)
+  for item in overrides:
+    key, eq, raw = item.partition('=')
+    if not eq or not key:
+      raise ConfigError(f'override {item!r}: expected field=value')
+    node, last = config_doc.field_parent(cfg, key)
+    node[last] = _parse_value(raw, node[last], key)
+  return cfg
+
+
+def final_metrics(workdir: str) -> dict[str, float]:
+  """{'client/task metric': value} of the last evaluated round of a run."""
+  rows = report.final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
+  # metrics.jsonl writes a non-finite value as null: NaN here, '–' in the table.
+  return {f"{r['client']}/{r['task']} {r['metric']}":
+          float('nan') if r['value'] is None else r['value'] for r in rows}
+
+
+def column_lower_is_better(key: str) -> bool:
+  """Whether lower is better in a 'client/task metric' column of final_metrics."""
+  client_task, metric = key.rsplit(' ', 1)
+  return report.lower_is_better(client_task.rsplit('/', 1)[-1], metric)
+
+
+def _fmt(vals, digits: int = 2) -> str:
+  """mean ± std over seeds ('–' when any is not finite; no std for one seed)."""
+  vals = np.asarray(vals, np.float64)
+  if not np.isfinite(vals).all():
+    return '–'
+  mean = f'{vals.mean():.{digits}f}'
+  return mean if len(vals) == 1 else f'{mean} ± {vals.std():.{digits}f}'
+
+
+def comparison_table(results: dict[str, list[dict[str, float]]],
+                     reference: str, seconds: dict[str, list[float]] | None = None,
+                     pairs: dict[str, str] | None = None) -> tuple[str, str]:
+  """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm, then the
+  seconds per round when `seconds` (method -> per-seed values) is given.
+
+  Δm of a method is against `reference`, or against `pairs[method]` where given
+  (e.g. each +DEA row against its base, as FedDEA's tables report it)."""
+  cols = list(next(iter(results.values()))[0])
+  pairs = pairs or {}
+  md = io.StringIO()
+  arrows = [c + ('↓' if column_lower_is_better(c) else '↑') for c in cols]
+  extra = ' s/round |' if seconds else ''
+  dm_head = 'Δm (%) ↑ (vs)' if pairs else 'Δm (%) ↑'
+  md.write('| method | ' + ' | '.join(arrows) + f' | {dm_head} |' + extra + '\n')
+  md.write('|---' * (len(cols) + 2 + bool(seconds)) + '|\n')
+  buf = io.StringIO()
+  w = csv.writer(buf)
+  w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else []))
+
+  for name, runs in results.items():
+    per_col = [[r[c] for r in runs] for c in cols]
+    ref_name = pairs.get(name, reference)
+    ref_runs = results.get(ref_name)
+    if ref_runs is not None:
+      # Δm per seed against the reference run of the same seed.
+      dms = [delta_m(r, ref, lower_is_better=column_lower_is_better)
+             for r, ref in zip(runs, ref_runs)]
+    else:
+      dms = [float('nan')]
+    sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
+    dm_text = _fmt(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
+    md.write(f'| {name} | ' + ' | '.join(_fmt(v) for v in per_col) + f' | {dm_text} |'
+             + ''.join(sec) + '\n')
+    w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
+               + ([float(np.median(seconds[name]))] if seconds else []))
+  return md.getvalue(), buf.getvalue()
+
+
+def is_many_task(cfg) -> bool:
+  """Whether a config runs the many-task classification setting (fedjax_mtl/manytask)."""
+  return cfg.get('setting', '') == 'many_task'
+
+
+def final_accuracy(workdir: str) -> dict[str, float]:
+  """{task: top-1 accuracy %} of the last evaluated round of a many-task run."""
+  rows = report.final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
+  return {r['task']: float('nan') if r['value'] is None else r['value']
+          for r in rows if r['metric'] == 'accuracy'}
+
+
+def bits_per_task(workdir: str) -> float:
+  """Mean over rounds of a many-task run's uploaded bits per task (0 when none)."""
+  rows = report.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  bits = [r['bits_per_task'] for r in rows if r.get('type') == 'agg']
+  return float(np.mean(bits)) if bits else 0.
+
+
+def format_bits(bits: float) -> str:
+  """'147.9 k', '6.32 M'; '–' for no upload (e.g. Individual)."""
+  if not np.isfinite(bits) or bits == 0:
+    return '–'
+  if bits >= 1e6:
+    return f'{bits / 1e6:.2f} M'
+  return f'{bits / 1e3:.1f} k' if bits >= 1e3 else f'{bits:.0f}'
+
+
+def many_task_table(results: dict[str, list[dict[str, float]]], reference: str,
+                    bits: dict[str, list[float]],
+                    seconds: dict[str, list[float]] | None = None) -> tuple[str, str]:
+  """Markdown and CSV of MaTU's Table 1/2 (spec matu §5): methods x tasks (top-1
+  accuracy %, mean ± std over seeds), the mean over tasks, the accuracy normalised by
+  the `reference` run of the same seed (mean over tasks of 100·acc / acc_ref), the bits
+  per task (`bits`: method -> per-seed means over rounds) and the seconds per round."""
+  tasks = list(next(iter(results.values()))[0])
+  ref_runs = results.get(reference)
+  md, buf = io.StringIO(), io.StringIO()
+  head = ([t + ' ↑' for t in tasks] + ['avg ↑', f'normalised avg (% of {reference}) ↑',
+                                        'bits/task ↓'] + (['s/round'] if seconds else []))
+  md.write('| method | ' + ' | '.join(head) + ' |\n' + '|---' * (len(head) + 1) + '|\n')
+  w = csv.writer(buf)
+  w.writerow(['method'] + tasks + ['avg', 'normalised_avg', 'bits_per_task']
+             + (['seconds_per_round'] if seconds else []))
+  for name, runs in results.items():
+    acc = np.array([[r.get(t, np.nan) for t in tasks] for r in runs], np.float64)  # [seeds, T]
+    if ref_runs is not None:
+      ref = np.array([[r.get(t, np.nan) for t in tasks] for r in ref_runs], np.float64)
+      with np.errstate(divide='ignore', invalid='ignore'):
+        norm = (100. * acc / ref).mean(axis=1)  # per seed, against the same seed's reference
+    else:
+      norm = np.array([np.nan])
+    # The reference is 100 by definition: one value, no spread.
+    norm_text = _fmt([norm.mean()], 1) if name == reference else _fmt(norm, 1)
+    mean_bits = float(np.mean(bits[name]))
+    sec = [f'{np.median(seconds[name]):.2f}'] if seconds else []
+    md.write(f'| {name} | ' + ' | '.join([_fmt(acc[:, i]) for i in range(len(tasks))]
+                                         + [_fmt(acc.mean(axis=1)), norm_text,
+                                            format_bits(mean_bits)] + sec) + ' |\n')
+    w.writerow([name] + [float(v) for v in acc.mean(axis=0)]
+               + [float(acc.mean()), float(norm.mean()), mean_bits]
+               + ([float(np.median(seconds[name]))] if seconds else []))
+  return md.getvalue(), buf.getvalue()
+
+
+def table_setting(plan: list) -> bool:
+  """Whether the planned runs make the many-task table; ConfigError (one line) naming
+  the runs of each setting when both are given."""
+  many = {r.name: is_many_task(r.config) for r in plan}
+  if len(set(many.values())) > 1:
+    names = lambda flag: ', '.join(n for n, m in many.items() if m == flag)
+    raise ConfigError(f'many-task runs ({names(True)}) and dense runs ({names(False)}) make '
+                      'different tables; compare each setting in its own call')
+  return any(many.values())
+
+
+class Run(NamedTuple):
+  """One method and seed of the comparison, planned before anything runs."""
+  name: str
+  spec: str
+  seed: int
+  workdir: str
+  config: Any
+  action: str  # 'reuse' (finished, same config), 'run' (new or resumed) or 'replace'
+  diffs: list  # config fields in which the run already in `workdir` differs
+
+
+def _aside(wd: str) -> str:
+  """A free `<wd>.replaced-<n>` for a run folder that another config's run replaces."""
+  n = 1
+  while os.path.exists(f'{wd}.replaced-{n}'):
+    n += 1
+  return f'{wd}.replaced-{n}'
+
+
+def plan_runs(run_args: list[str], seeds: list[int], out: str,
+              rerun_changed: bool = False, hold: contextlib.ExitStack | None = None
+              ) -> list[Run]:
+  """Every run of the comparison, checked before anything runs: ConfigError (one line)
+  for a bad --run, for a folder holding another config's run unless `rerun_changed`,
+  or for a run folder in use by another process (WorkdirLocked, naming it). With
+  `hold`, each run folder's lock (`fedjax_mtl.workdir`) is taken into it before the
+  folder is read, so that no other run enters it while the comparison lasts."""
+  from fedjax_mtl import validate  # imports jax
+  plan, names = [], set()
+  for item in run_args:
+    name, eq, spec = item.partition('=')
+    if not eq or not name or not spec.strip():
+      raise ConfigError(f'--run {item!r}: expected NAME=CONFIG[:ARG] [field=value ...]')
+    if name in names:
+      raise ConfigError(f'--run {name!r} is given twice; each method needs its own name')
+    names.add(name)
+    for seed in seeds:
+      try:
+        cfg = load_config(spec)
+      except ConfigError as e:
+        raise ConfigError(f'--run {name}: {e}') from None
+      cfg.seed = seed
+      if is_many_task(cfg):  # the seed sets the many-task client split too
+        cfg.split_seed = seed
+      cfg.progress = False
+      try:
+        validate.check_config(cfg)
+      except ConfigError as e:
+        raise ConfigError(f'--run {name}: {e}') from None
+      wd = os.path.join(out, name, f'seed{seed}')
+      if hold is not None:
+        hold.enter_context(workdir_lib.lock(wd))
+      else:
+        workdir_lib.check_free(wd)
+      diffs = workdir_lib.config_diffs(cfg, wd)
+      if diffs and not rerun_changed:
+        raise ConfigError(
+            f'{wd} holds a run of {name} seed {seed} with another config (fields: '
+            f'{", ".join(diffs)}); --rerun_changed moves it aside and runs again')
+      finished = os.path.exists(os.path.join(wd, 'results.csv'))
+      action = 'replace' if diffs else 'reuse' if finished else 'run'
+      plan.append(Run(name, spec, seed, wd, cfg, action, diffs))
+  return plan
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+  """Adds --seeds, --rerun_changed and --xla_cache_dir to `p` (the flags every script
+  that plans runs with plan_runs shares)."""
+  p.add_argument('--seeds', default='0',
+                 help='comma-separated training seeds (many-task runs: also split_seed, '
+                      'the client split)')
+  p.add_argument('--rerun_changed', action='store_true',
+                 help='a run folder holding a run of another config is moved to '
+                      '<folder>.replaced-<n> and run again (default: stop with an error)')
+  p.add_argument('--xla_cache_dir', default='~/.cache/fedjax_mtl/xla',
+                 help="persistent XLA compilation cache, as fedjax_mtl.main ('none': off); "
+                      'seeds after the first reuse the compiled programs')
+
+
+def use_xla_cache(cache_dir: str) -> None:
+  """The persistent compilation cache (unless 'none' or set by the environment)."""
+  import jax
+  if cache_dir != 'none' and not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    jax.config.update('jax_compilation_cache_dir', os.path.expanduser(cache_dir))
+
+
+def execute(run: Run) -> None:
+  """Bring one planned run to its end: a finished run of the same config is left as
+  it is, an interrupted one resumes, another config's run is moved aside first."""
+  from fedjax_mtl import train
+  if run.action == 'replace':
+    old = _aside(run.workdir)
+    with workdir_lib.lock(run.workdir):  # its lock file stays: the folder stays held
+      os.mkdir(old)
+      for name in os.listdir(run.workdir):
+        if name != workdir_lib.LOCK_FILE:
+          os.rename(os.path.join(run.workdir, name), os.path.join(old, name))
+    print(f'== {run.name} seed {run.seed}: config changed (fields: {", ".join(run.diffs)}); '
+          f'the old run is now {old}', flush=True)
+  if run.action != 'reuse':
+    print(f'== {run.name} seed {run.seed}: {run.spec}', flush=True)
+    train.train_and_evaluate(run.config, run.workdir)
+
+
+def main(argv: list[str] | None = None) -> dict:
+  """The command line (`scripts/compare.py`): parses `argv`, runs the comparison and
+  returns {method: [final metrics per seed]}; bad input exits with code 2 after one
+  `error:` line on stderr."""
+  p = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--out', required=True, help='output folder: OUT/NAME/seed<S> per run, '
+                 'OUT/comparison.md and OUT/comparison.csv')
+  p.add_argument('--run', action='append', required=True,
+                 help='one method: NAME=CONFIG[:ARG] [field=value ...] (repeat per method)')
+  p.add_argument('--reference', default='local',
+                 help='run name Δm (many-task: the normalised accuracy) is relative to')
+  p.add_argument('--pair', action='append', default=[],
+                 help='NAME=REF: Δm of run NAME against run REF instead of --reference '
+                      '(repeat; e.g. fedavg+dea=fedavg)')
+  add_run_flags(p)
+  a = p.parse_args(argv)
+  try:
+    return _compare(a)
+  except ConfigError as e:
+    print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def _compare(a: argparse.Namespace) -> dict:
+  """main() after argument parsing; ConfigError for bad input."""
+  try:
+    seeds = [int(s) for s in a.seeds.split(',')]
+  except ValueError:
+    raise ConfigError(f'--seeds={a.seeds}: expected comma-separated integers, e.g. 0,1') from None
+  use_xla_cache(a.xla_cache_dir)
+  pairs = {}
+  names = {item.partition('=')[0] for item in a.run}
+  for item in a.pair:
+    name, eq, ref = item.partition('=')
+    if not eq or name not in names or ref not in names:
+      raise ConfigError(f'--pair {item!r}: expected NAME=REF with both names given by --run; '
+                        'runs: ' + ', '.join(sorted(names)))
+    pairs[name] = ref
+  with contextlib.ExitStack() as hold:  # every run folder's lock, for the whole comparison
+    return _run_plan(a, pairs, plan_runs(a.run, seeds, a.out, a.rerun_changed, hold))
+
+
+def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> dict:
+  """Runs the plan and writes the table; returns {method: [final metrics per seed]}."""
+  many = table_setting(plan)
+  if many and pairs:
+    raise ConfigError('--pair sets Δm references; the many-task table has no Δm '
+                      '(its normalised accuracy is against --reference)')
+  results: dict[str, list[dict[str, float]]] = {}
+  seconds: dict[str, list[float]] = {}
+  bits: dict[str, list[float]] = {}
+  for run in plan:
+    execute(run)
+    results.setdefault(run.name, []).append(
+        (final_accuracy if many else final_metrics)(run.workdir))
+    if many:
+      bits.setdefault(run.name, []).append(bits_per_task(run.workdir))
+    seconds.setdefault(run.name, []).append(
+        report.seconds_per_round(os.path.join(run.workdir, 'timing.jsonl')))
+  md, csv_text = (many_task_table(results, a.reference, bits, seconds) if many
+                  else comparison_table(results, a.reference, seconds, pairs))
+  os.makedirs(a.out, exist_ok=True)
+  report.atomic_write(os.path.join(a.out, 'comparison.md'), md)
+  report.atomic_write(os.path.join(a.out, 'comparison.csv'), csv_text)
+  print(md)
+  return results
+
+
+if __name__ == '__main__':
+  from fedjax_mtl import cpu_isa, hostmem
+  hostmem.reuse_freed_memory()  # as fedjax_mtl.main does on CPU-only runs
+  cpu_isa.pin('AVX2')  # the same kernels on every AVX2 host (fedjax_mtl.cpu_isa)
+  main(sys.argv[1:])
