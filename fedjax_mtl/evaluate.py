@@ -16,7 +16,7 @@ import numpy as np
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.algorithms.base import linearized_forward
 from fedjax_mtl.federation import GroupSpec
-from fedjax_mtl.local import normalize_image
+from fedjax_mtl.local_training import normalize_image
 from fedjax_mtl.metrics import dense
 
 PyTree = Any

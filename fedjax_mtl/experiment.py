@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_mtl import algorithms, federation, local, scenarios
+from fedjax_mtl import algorithms, federation, local_training, scenarios
 from fedjax_mtl.workdir import run_fields
 from fedjax_mtl.algorithms import plugin_math
 from fedjax_mtl.algorithms.base import ServerState
@@ -60,7 +60,6 @@ class Experiment:
   # values (one row of the round start is kept, `rounds.round_start`), else 0;
   # None for the whole list when no leaf is (a row per client).
   start_axes: list | None = None
-  compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # jitted fns, by feed
 
   @property
   def streamed(self) -> bool:
@@ -73,6 +72,30 @@ class Experiment:
   @property
   def replicated(self) -> NamedSharding:
     return NamedSharding(self.mesh, P())
+
+  @functools.cached_property
+  def init_program(self) -> InitProgram:
+    """The round-0 state program, built once: `compile_programs` and `init_state`
+    share its executables."""
+    return InitProgram(self)
+
+
+def per_experiment(make, keep: int = 2):
+  """`make(exp)` computed once per experiment, for the `keep` experiments used last
+  (`build` keeps one alive; a test may hold a second, e.g. a variant of the first)."""
+  last: list = []  # (experiment, result), the newest last
+
+  @functools.wraps(make)
+  def get(exp: Experiment):
+    for i, (e, result) in enumerate(last):
+      if e is exp:
+        last.append(last.pop(i))
+        return result
+    del last[:max(0, len(last) - keep + 1)]  # old results go before the new one is made
+    last.append((exp, make(exp)))
+    return last[-1][1]
+
+  return get
 
 
 @functools.lru_cache(maxsize=8)
@@ -172,7 +195,7 @@ def _build(config) -> Experiment:
                       'between client groups; heads can be shared within one dataset only')
   return Experiment(config=config, fed=fed, data=data, mesh=mesh, encoder=encoder,
                     models_train=models_train, models_eval=models_eval,
-                    tx=local.make_optimizer(config.optim), algorithm=alg, labels=labels,
+                    tx=local_training.make_optimizer(config.optim), algorithm=alg, labels=labels,
                     start_axes=uniform_start_axes(config, alg, labels))
 
 
@@ -338,14 +361,6 @@ class InitProgram:
     return [('init', self.params, (seed,)), ('init states', self.states, self._states_args)]
 
 
-def init_program(exp: Experiment) -> InitProgram:
-  """The round-0 state program (`InitProgram`), one per experiment, so that
-  `compile_programs` and `init_state` share its executables."""
-  if 'init' not in exp.compiled:
-    exp.compiled['init'] = InitProgram(exp)
-  return exp.compiled['init']
-
-
 def _state_shardings(exp: Experiment, state: FedState) -> FedState:
   """`state`'s tree of shardings: client axes over the mesh, the rest replicated."""
   on = lambda t, s: jax.tree.map(lambda _: s, t)
@@ -362,7 +377,7 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   client from keys folded with the client id.
   """
   key = jnp.asarray(exp.config.seed, jnp.uint32)
-  program = init_program(exp)
+  program = exp.init_program
   pretrained = exp.config.model.get('pretrained_path')
   if abstract:
     state = jax.eval_shape(program, key)

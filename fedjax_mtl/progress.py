@@ -92,7 +92,7 @@ class Progress:
     return self.steps if self.steps_bar else None
 
   def steps(self, n: int) -> None:
-    """`n` local steps of a client group are done (the feeds' `progress` callback)."""
+    """`n` local steps of a client group are done (the engine's `progress` callback)."""
     if self.step is not None:
       self.step.update(n)
 

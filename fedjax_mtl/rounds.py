@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import federation, local
+from fedjax_mtl import federation, local_training
 from fedjax_mtl.algorithms.base import (ServerInputs, ServerState, merge_view, role_view, stack,
                                         unstack)
 from fedjax_mtl.experiment import Experiment, train_compiler_options
@@ -35,20 +35,26 @@ def group_key(state: FedState, g: int) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(state.rng, state.round), g)
 
 
-def begin_round(exp: Experiment, state: FedState) -> FedState:
-  """The state whose params local training starts from: each client's params through
-  the client part's `begin(params, server_rows, labels)` (one jitted program, cached
-  per experiment), or `state` itself when the algorithm has none."""
+def make_begin(exp: Experiment):
+  """The jitted `(params, server_rows) -> params` of the client part's `begin(params,
+  server_rows, labels)` on every client, or None when the algorithm has none."""
   begin = exp.algorithm.client.begin
   if begin is None:
+    return None
+
+  def fn(params, rows):
+    return [jax.vmap(lambda p, r, lab=lab: begin(p, r, lab))(p, r)
+            for p, r, lab in zip(params, rows, exp.labels)]
+
+  return jax.jit(fn, out_shardings=exp.client_sharding)
+
+
+def begin_round(begin_fn, state: FedState) -> FedState:
+  """The state whose params local training starts from: each client's params through
+  `begin_fn` (`make_begin`), or `state` itself when it is None."""
+  if begin_fn is None:
     return state
-  if 'begin' not in exp.compiled:
-    def fn(params, rows):
-      return [jax.vmap(lambda p, r, lab=lab: begin(p, r, lab))(p, r)
-              for p, r, lab in zip(params, rows, exp.labels)]
-    exp.compiled['begin'] = jax.jit(fn, out_shardings=exp.client_sharding)
-  params = exp.compiled['begin']([gs.params for gs in state.groups],
-                                 [gs.server_rows for gs in state.groups])
+  params = begin_fn([gs.params for gs in state.groups], [gs.server_rows for gs in state.groups])
   return state.replace(groups=[gs.replace(params=p) for gs, p in zip(state.groups, params)])
 
 
@@ -61,26 +67,33 @@ def _is_none(x) -> bool:
   return x is None
 
 
-def round_start(exp: Experiment, params: list) -> list:
-  """Each group's round-start params, as local training and the aggregation read
-  them: `params` itself, or, where `Experiment.start_axes` marks leaves that every
-  client starts from alike (the unified model's encoder), a copy holding one row
-  of those leaves and every row of the others. The groups' params can then be
-  donated to local training: a round holds one copy of the global model plus the
-  clients' trained state, not a second copy per client."""
+def make_round_start(exp: Experiment):
+  """The jitted `params -> start` giving each group's round-start params, as local
+  training and the aggregation read them, where `Experiment.start_axes` marks
+  leaves that every client starts from alike (the unified model's encoder): a copy
+  holding one row of those leaves and every row of the others. The groups' params
+  can then be donated to local training: a round holds one copy of the global
+  model plus the clients' trained state, not a second copy per client. None when
+  no leaf is marked: the start is the params themselves (`round_start`)."""
   if exp.start_axes is None:
-    return params
-  if 'round_start' not in exp.compiled:
-    rep, shard = exp.replicated, exp.client_sharding
-    def one(ax, x):
-      return x[0] if ax is None else jnp.copy(x)
-    def fn(params):
-      return [jax.tree.map(one, ax, p, is_leaf=_is_none)
-              for ax, p in zip(exp.start_axes, params)]
-    outs = [jax.tree.map(lambda ax: rep if ax is None else shard, ax, is_leaf=_is_none)
-            for ax in exp.start_axes]
-    exp.compiled['round_start'] = jax.jit(fn, out_shardings=outs)
-  return exp.compiled['round_start'](params)
+    return None
+  rep, shard = exp.replicated, exp.client_sharding
+
+  def one(ax, x):
+    return x[0] if ax is None else jnp.copy(x)
+
+  def fn(params):
+    return [jax.tree.map(one, ax, p, is_leaf=_is_none) for ax, p in zip(exp.start_axes, params)]
+
+  outs = [jax.tree.map(lambda ax: rep if ax is None else shard, ax, is_leaf=_is_none)
+          for ax in exp.start_axes]
+  return jax.jit(fn, out_shardings=outs)
+
+
+def round_start(start_fn, params: list) -> list:
+  """Each group's round-start params: `start_fn(params)` (`make_round_start`), or
+  `params` itself when it is None."""
+  return params if start_fn is None else start_fn(params)
 
 
 def abstract_round_start(exp: Experiment, params: list) -> list:
@@ -105,7 +118,7 @@ def expand_start(exp: Experiment, start: list) -> list:
 
 def finalize(exp: Experiment, trained: list[GroupState], start: list) -> tuple[list, list]:
   """The client part's finalize on every group: (group states, uploads)."""
-  out = [local.finalize_group(exp.algorithm, gs, s, start_axes(exp, g))
+  out = [local_training.finalize_group(exp.algorithm, gs, s, start_axes(exp, g))
          for g, (gs, s) in enumerate(zip(trained, start))]
   return [o[0] for o in out], [o[1] for o in out]
 
@@ -187,7 +200,7 @@ def make_train_fns(exp: Experiment) -> list:
     return jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
                    donate_argnums=donate, compiler_options=train_compiler_options(cfg))
 
-  return [train_fn(g, local.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
+  return [train_fn(g, local_training.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
                                                cfg.num_rounds, exp.algorithm, lab,
                                                start_axes(exp, g)))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
@@ -211,7 +224,7 @@ def make_chunk_fns(exp: Experiment) -> list:
     return jax.jit(run, donate_argnums=(0, 2), out_shardings=exp.client_sharding,
                    compiler_options=train_compiler_options(cfg))
 
-  return [chunk_fn(g, local.make_chunk_trainer(spec, m, exp.tx, cfg.optim, cfg.num_rounds,
+  return [chunk_fn(g, local_training.make_chunk_trainer(spec, m, exp.tx, cfg.optim, cfg.num_rounds,
                                                exp.algorithm, lab, start_axes(exp, g)))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
@@ -290,7 +303,7 @@ def agg_core(state: FedState) -> FedState:
 def aggregate(agg_fn, state: FedState, start: list, metrics: list,
               stats_fn=None) -> tuple:
   """Run `make_agg_fn`'s program on the trained `state`: (next state, outputs);
-  then `stats_fn` (`stats_program`), if given, on the batch-norm statistics."""
+  then `stats_fn` (`make_stats_fn`), if given, on the batch-norm statistics."""
   core, out = agg_fn(agg_core(state), [gs.params for gs in state.groups], start, metrics)
   groups = [gs.replace(**g) for gs, g in zip(state.groups, core.groups)]
   if stats_fn is not None:
@@ -299,7 +312,7 @@ def aggregate(agg_fn, state: FedState, start: list, metrics: list,
   return core.replace(groups=groups), out
 
 
-def stats_program(exp: Experiment):
+def make_stats_fn(exp: Experiment):
   """The jitted `[group batch_stats] -> [group batch_stats]` of an algorithm with
   `average_stats` (MaT-FL's aggregation of every `backbone` key, running
   statistics included: NTKFedAvg spec A8's FedAvg): every client's encoder
@@ -307,46 +320,25 @@ def stats_program(exp: Experiment):
   the other algorithms (each client keeps its own statistics)."""
   if not exp.algorithm.average_stats:
     return None
-  if 'stats_fn' not in exp.compiled:
-    fed = exp.fed
+  fed = exp.fed
 
-    def average(stats: list) -> list:
-      if not all('encoder' in (s or {}) for s in stats):
-        return stats  # an encoder without batch norm
-      total = jax.tree.map(lambda *xs: sum(xs), *[
-          jax.tree.map(lambda x, n=g.num_real: jnp.sum(x[:n], 0), s['encoder'])
-          for s, g in zip(stats, fed.groups)])
-      mean = jax.tree.map(lambda t: t / fed.num_clients, total)
-      return [{**s, 'encoder': jax.tree.map(
-          lambda m, x: jnp.broadcast_to(m, x.shape).astype(x.dtype), mean, s['encoder'])}
-          for s in stats]
+  def average(stats: list) -> list:
+    if not all('encoder' in (s or {}) for s in stats):
+      return stats  # an encoder without batch norm
+    total = jax.tree.map(lambda *xs: sum(xs), *[
+        jax.tree.map(lambda x, n=g.num_real: jnp.sum(x[:n], 0), s['encoder'])
+        for s, g in zip(stats, fed.groups)])
+    mean = jax.tree.map(lambda t: t / fed.num_clients, total)
+    return [{**s, 'encoder': jax.tree.map(
+        lambda m, x: jnp.broadcast_to(m, x.shape).astype(x.dtype), mean, s['encoder'])}
+        for s in stats]
 
-    exp.compiled['stats_fn'] = jax.jit(average, donate_argnums=0)
-  return exp.compiled['stats_fn']
+  return jax.jit(average, donate_argnums=0)
 
 
 def group_steps(exp: Experiment) -> list[int]:
   """Local steps of each client group's round (its longest client's)."""
   return [g.local_epochs * (max(g.counts) // exp.config.batch_size) for g in exp.fed.groups]
-
-
-def run_round(exp: Experiment, train_fns: list, agg_fn, state: FedState, data,
-              progress=None) -> tuple:
-  """One in-memory round: every group's local training, then the aggregation.
-  `progress(steps)`, if given, is called as each group finishes (waiting for it)."""
-  groups, metrics = [], []
-  steps = group_steps(exp)
-  state = begin_round(exp, state)
-  start = round_start(exp, [gs.params for gs in state.groups])
-  for g, (spec, fn) in enumerate(zip(exp.fed.groups, train_fns)):
-    gs, m = fn(state.groups[g], start[g], data[spec.dataset]['train'], state.round, state.rng,
-               num_rounds(exp))
-    groups.append(gs)
-    metrics.append(m)
-    if progress is not None:
-      jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
-      progress(steps[g])
-  return aggregate(agg_fn, state.replace(groups=groups), start, metrics, stats_program(exp))
 
 
 def eval_variables(exp: Experiment, gs: GroupState) -> tuple[PyTree, PyTree]:

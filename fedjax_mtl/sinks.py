@@ -21,7 +21,8 @@ def _value(v) -> float | None:
 def scalars(rows: list[dict], meta: dict | None = None) -> list[tuple[str, float, int]]:
   """(tag, value, round) of metrics.jsonl rows as TensorBoard scalars (missing values dropped).
 
-  Train rows give `train/<client>/<task>/loss`, eval rows `eval/<client>/<task>/<metric>`,
+  Train rows give `train/<client>/<task>/loss`, eval rows `eval/<client>/<task>/<metric>`
+  (`eval/<task>/<metric>` for rows without a client: the many-task setting's),
   agg rows `agg/alpha/<client>`, `agg/beta/<decoder>/<layer>` (names from the `meta` row,
   indices without it) and `agg/<key>` for their other scalar fields.
   """
@@ -31,8 +32,9 @@ def scalars(rows: list[dict], meta: dict | None = None) -> list[tuple[str, float
     kind, rnd = r.get('type'), r.get('round', 0)
     if kind == 'train':
       out.append((f"train/{r['client']}/{r['task']}/loss", r.get('loss'), rnd))
-    elif kind == 'eval':
-      out.append((f"eval/{r['client']}/{r['task']}/{r['metric']}", r.get('value'), rnd))
+    elif kind == 'eval':  # the many-task setting's rows are per task (no client)
+      who = f"{r['client']}/" if 'client' in r else ''
+      out.append((f"eval/{who}{r['task']}/{r['metric']}", r.get('value'), rnd))
     elif kind == 'agg':
       out += _agg_scalars(r, meta)
   return [(tag, v, int(rnd)) for tag, v, rnd in ((t, _value(v), s) for t, v, s in out)

@@ -33,6 +33,7 @@ import socket
 import threading
 from typing import Iterator
 
+from fedjax_mtl import report
 from fedjax_mtl.errors import ConfigError
 
 LOCK_FILE = '.lock'
@@ -42,11 +43,14 @@ LOCK_FILE = '.lock'
 # between a run and its resumption (dotted names are nested fields).
 RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'tensorboard', 'eval_edge_ods',
                     'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
-                    'data.cache_dir', 'distributed')
+                    'data.cache_dir', 'distributed', 'spare_blocks')
 
 
 def run_fields(config, keep: tuple[str, ...] = ()) -> dict:
-  """The config (or its JSON dict) without the fields a run may change when resumed."""
+  """The config (or its JSON dict) without the fields a run may change when resumed,
+  and without the plug-in block fields at their declared defaults: a block field left
+  out means its default (a config carries only the blocks of what it uses; versions
+  before that wrote every wrapper's block and the many-task block into every config)."""
   d = json.loads(config if isinstance(config, str) else config.to_json_best_effort())
   for f in RESUMABLE_FIELDS:
     if f in keep:
@@ -56,6 +60,16 @@ def run_fields(config, keep: tuple[str, ...] = ()) -> dict:
     for p in parents:
       node = node.get(p, {})
     node.pop(last, None)
+  from fedjax_mtl import validate
+  for name, block in validate.blocks().items():
+    values = d.get(name)
+    if not isinstance(values, dict):
+      continue
+    for k, field in block.fields.items():
+      if k in values and values[k] == json.loads(json.dumps(field.default)):
+        del values[k]
+    if not values:
+      del d[name]
   return d
 
 
@@ -273,3 +287,74 @@ def _remove_empty(created: list[str]) -> None:
       os.rmdir(d)
     except OSError:  # something was written there: keep it
       return
+
+
+class Workdir:
+  """A run's files, written by process 0 only (`primary`):
+
+  - `config.json`: the config (the resume check reads it);
+  - `metrics.jsonl`: one row per (round, client, task, ...) record; a resumed run first
+    drops the rows after its checkpoint, a fresh start the rows of an attempt that
+    never reached one, so the file stays identical across resumes;
+  - `timing.jsonl`: wall and compile seconds (apart: they differ between runs);
+  - `checkpoints/`: the rounds' states (`checkpoint.Checkpointer`);
+  - `tensorboard/`: event files of the same rows (`config.tensorboard`).
+
+  Nothing is written before `begin`: a run that fails while it builds or compiles
+  leaves the workdir as it was.
+  """
+
+  def __init__(self, path: str, primary: bool = True):
+    self.path, self.primary = path, primary
+    self.metrics_path = os.path.join(path, 'metrics.jsonl')
+    self.timing_path = os.path.join(path, 'timing.jsonl')
+    self.checkpoint_dir = os.path.join(path, 'checkpoints')
+    self.sink = None
+
+  def begin(self, config, start: int, compile_s: dict, meta_rows: list[dict]) -> None:
+    """The run's first writes: metrics and timing cut back to round `start` (or
+    emptied, with `meta_rows`, at a fresh start), the compile times, config.json,
+    and the TensorBoard writer (hiding a resumed run's old steps)."""
+    os.makedirs(self.path, exist_ok=True)
+    if not self.primary:
+      return
+    if start:
+      report.truncate_jsonl(self.metrics_path, start)
+      if os.path.exists(self.timing_path):
+        report.truncate_jsonl(self.timing_path, start)
+    else:
+      report.atomic_write(self.metrics_path, '')
+      report.atomic_write(self.timing_path, '')
+      report.append_jsonl(self.metrics_path, meta_rows)
+    report.append_jsonl(self.timing_path, [{'round': start, 'compile_s': compile_s}])
+    report.atomic_write(os.path.join(self.path, 'config.json'),
+                        config.to_json_best_effort(indent=2))
+    if config.get('tensorboard', False):
+      from fedjax_mtl import sinks  # optional extra
+      self.sink = sinks.TensorBoardSink(os.path.join(self.path, 'tensorboard'),
+                                        purge_step=start + 1 if start else None)
+      self.sink.write([r for r in report.read_jsonl(self.metrics_path)
+                       if r.get('type') == 'meta'])
+
+  def log(self, rows: list[dict]) -> None:
+    """Append rows to metrics.jsonl (and TensorBoard)."""
+    if self.primary:
+      report.append_jsonl(self.metrics_path, rows)
+    if self.sink is not None:
+      self.sink.write(rows)
+
+  def log_time(self, rnd: int, seconds: float, evaluated: bool) -> None:
+    """Round `rnd`'s wall seconds to timing.jsonl."""
+    if self.primary:
+      report.append_jsonl(self.timing_path, [{'round': rnd, 'seconds': seconds,
+                                              'eval': evaluated}])
+
+  def rows(self) -> list[dict]:
+    """Every row of metrics.jsonl."""
+    return report.read_jsonl(self.metrics_path)
+
+  def close(self) -> None:
+    """Flush and close the TensorBoard writer."""
+    if self.sink is not None:
+      self.sink.close()
+      self.sink = None

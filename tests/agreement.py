@@ -49,7 +49,7 @@ class Reference(NamedTuple):
 def run_reference(config, workdir: str) -> Reference:
   """`config` run to its end in `workdir` on this process's devices."""
   from fedjax_mtl import experiment, train
-  exp = train.build(config)
+  exp = experiment.build(config)
   init = model_rows(exp, [gs.params for gs in experiment.init_state(exp).groups])
   result = train.train_and_evaluate(config, workdir)
   return Reference(exp, init, model_rows(exp, [gs.params for gs in result['state'].groups]),

@@ -16,15 +16,27 @@ import numpy as np
 
 import agreement
 from conftest import tiny_config
-from fedjax_mtl import distributed, preempt, train
+from fedjax_mtl import distributed, experiment, preempt, train
 
 
 def config(algorithm: str = 'hca2'):
   """hca2: 2 rounds (the 4-device run); fedavg: 4 rounds, checkpoints at the end only (the
-  two-process run that a SIGTERM stops). SGD: runs on other meshes agree to rounding
+  two-process run that a SIGTERM stops); many_fedavg: the many-task setting's FedAvg
+  (`test_manytask.tiny`), 3 rounds. SGD: runs on other meshes agree to rounding
   (agreement.py)."""
+  if algorithm == 'many_fedavg':
+    from test_manytask import tiny
+    return tiny('fedavg', num_rounds=3, **agreement.SGD)
   rounds = {'hca2': 2, 'fedavg': 4}[algorithm]
   return tiny_config(algorithm, num_rounds=rounds, checkpoint_every=rounds, **agreement.SGD)
+
+
+def many_task_arrays(state) -> dict:
+  """A many-task state's trainable rows in `agreement.model_rows`' layout, each leaf
+  its own part (`storage/path[]`): 'shared' (one row), 'task_rows', 'pair_rows'."""
+  return {f'{part}/{k}[]': np.asarray(v)[None] if part == 'shared' else np.asarray(v)
+          for part in ('shared', 'task_rows', 'pair_rows')
+          for k, v in getattr(state, part).items()}
 
 
 def _every_process_writes_the_compilation_cache():
@@ -61,8 +73,17 @@ def main(out_path, workdir, algorithm='hca2'):
       print(e, file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(preempt.EXIT_CODE)
-  exp = train.build(cfg)
   state = distributed.host_get(result['state'])  # collective: every process
+  if algorithm == 'many_fedavg':
+    if jax.process_index() == 0:
+      from fedjax_mtl.manytask import run as run_lib
+      mesh = run_lib.make_mesh(cfg)
+      np.savez(out_path, num_devices=len(jax.devices()), num_processes=jax.process_count(),
+               mesh_processes=len({d.process_index for d in mesh.devices.flat}),
+               num_slots=run_lib.build_run(cfg).setting.num_slots,
+               eval=json.dumps(result['eval']), **many_task_arrays(state))
+    return
+  exp = experiment.build(cfg)
   if jax.process_index() != 0:
     return
   arrays = agreement.model_rows(exp, [gs.params for gs in state.groups])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from fedjax_mtl import algorithms, experiment, federation, train
+from fedjax_mtl import algorithms, experiment, federation, report, train
 
 
 def _rows_equal(tree):
@@ -23,7 +23,7 @@ def test_two_round_run(name, tmp_path):
   # Three clients (two single-task in one group, one multi-task), K = 4 decoders.
   cfg = tiny_config(name, num_rounds=2, eval_every=2, tasks='semseg,sal,depth', **blocks)
   wd = str(tmp_path / name)
-  exp = train.build(cfg)
+  exp = experiment.build(cfg)
   first = train.train_and_evaluate(cfg, wd, stop_after=1)['state']
   out = train.train_and_evaluate(cfg, wd)
   assert out['eval'] and all(np.isfinite(r['value']) for r in out['eval'])
@@ -47,7 +47,7 @@ def test_two_round_run(name, tmp_path):
     leaf = jax.tree.leaves(centre)[0]
     assert leaf.sharding.is_equivalent_to(exp.client_sharding, leaf.ndim)
   if name == 'fedbabu':  # frozen decoders in the federated round, fine-tuned in the last
-    dec0 = view(jax.device_get(train.init_state(exp)), 'decoder')
+    dec0 = view(jax.device_get(experiment.init_state(exp)), 'decoder')
     jax.tree.map(np.testing.assert_array_equal, dec1, dec0)
     assert _rows_equal(enc1) and not _rows_equal(enc2)
     assert not np.allclose(jax.tree.leaves(dec2)[0], jax.tree.leaves(dec0)[0])
@@ -55,13 +55,13 @@ def test_two_round_run(name, tmp_path):
     assert _rows_equal(enc1)
     jax.tree.map(np.testing.assert_array_equal, enc2, enc1)
   if name == 'matfl':
-    rows = [r for r in train.report.read_jsonl(f'{wd}/metrics.jsonl') if r['type'] == 'agg']
+    rows = [r for r in report.read_jsonl(f'{wd}/metrics.jsonl') if r['type'] == 'agg']
     w = np.asarray(rows[-1]['matfl_encoder_weights'])
     np.testing.assert_allclose(w.sum(1), 1., rtol=1e-5)
   if name == 'fedacg':  # m^1 = θ^1 − θ^0 (the first lookahead is θ^0); kept per client row
     m = jax.device_get(federation.gather_rows(
         [g.server_rows['encoder']['acg_momentum'] for g in first.groups], exp.fed, 'encoder'))
-    enc0 = view(jax.device_get(train.init_state(exp)), 'encoder')
+    enc0 = view(jax.device_get(experiment.init_state(exp)), 'encoder')
     jax.tree.map(lambda a, b, c: np.testing.assert_allclose(a, b - c, rtol=1e-5, atol=1e-6),
                  m, enc1, enc0)
     assert _rows_equal(enc2)

@@ -20,7 +20,8 @@ from scipy import stats
 
 from conftest import tiny_config
 from fake_datasets import make_pascal
-from fedjax_mtl import feeds, train
+from fedjax_mtl import experiment, sources
+from fedjax_mtl.engines.dense import DenseEngine
 from fedjax_mtl.data import cache as cache_lib
 from fedjax_mtl.data import device_augment as DA
 from fedjax_mtl.data import real
@@ -406,15 +407,16 @@ def _config(data_dir, **overrides):
 
 def test_engine_trains_and_resumes_bitwise_with_device_augment(data_dir):
   cfg = _config(data_dir)
-  exp = train.build(cfg)
-  feed = feeds.make_feed(exp)
-  chunks = feed.train_chunks
+  exp = experiment.build(cfg)
+  engine = DenseEngine(exp)
+  engine.open(0)
+  chunks = engine.source.train_chunks
   assert chunks.augment == 'device' and chunks.raw_size_of == {'pascal': (40, 48)}
   # One chunk through the augmenter: the host path's fields, shapes and conventions.
   el = chunks[0]
   spec = chunks.specs[int(el['group'])]
   assert el['x/image'].shape[3:] == (40, 48, 3) and el['x/size'].shape[3:] == (2,)
-  out = jax.device_get(feed.augment_fns[0](feed._chunk_arrays(el)['x']))
+  out = jax.device_get(engine.programs.augmenters[0](engine.source.on_device(el)['x']))
   host = real.TrainChunks(chunks.specs, chunks.sources, 2, chunks.size_of, chunks.seed,
                           chunks.transforms_of)[0]
   assert set(out) == {k[2:] for k in host if k.startswith('x/')}
@@ -427,24 +429,23 @@ def test_engine_trains_and_resumes_bitwise_with_device_augment(data_dir):
   assert set(np.unique(out['semseg'][m])) <= set(np.unique(el['x/semseg'][m])) | {255}
   # Two rounds; then round 2 again from the round-1 state with a feed that starts
   # at round 2 (as a resumed run opens it): bitwise equal.
-  state = train.init_state(exp)
+  state = experiment.init_state(exp)
   start = jax.device_get([gs.params for gs in state.groups])
-  state, _ = feed.run_round(state, 1)
+  state, _ = engine.run_round(state, 1)
   saved, shardings = jax.device_get(state), jax.tree.map(lambda a: a.sharding, state)
-  state, out2 = feed.run_round(state, 2)
-  feed.close()
-  resumed_feed = feeds.make_feed(exp, start_round=1)
-  resumed, out2b = resumed_feed.run_round(jax.device_put(saved, shardings), 2)
-  resumed_feed.close()
+  state, out2 = engine.run_round(state, 2)
+  engine.open(1)  # as a resumed run opens its source
+  resumed, out2b = engine.run_round(jax.device_put(saved, shardings), 2)
+  engine.close()
   params = lambda st: jax.device_get([gs.params for gs in st.groups])
   jax.tree.map(np.testing.assert_array_equal, params(state), params(resumed))
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(out2), jax.device_get(out2b))
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(start),
                                                       jax.tree.leaves(params(state))))
   assert np.isfinite(np.asarray(jax.device_get(out2)['train'][0]['loss'])).all()
-  assert feed.augment_fns[0].jitted._cache_size() == 1  # traced once for all chunks
+  assert engine.programs.augmenters[0].jitted._cache_size() == 1  # traced once for all chunks
   # The default stays 'host'; an unknown mode is one ConfigError line, before any run.
   assert tiny_config('fedavg').data.augment == 'host'
   with pytest.raises(ConfigError, match="unknown data.augment 'gpu'; valid choices: 'host', "
                                         "'device'"):
-    feeds.make_feed(train.build(_config(data_dir, **{'data.augment': 'gpu'})))
+    sources.make_source(experiment.build(_config(data_dir, **{'data.augment': 'gpu'})))

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import tiny_config
 from fedjax_mtl import experiment, rounds, train
+from fedjax_mtl.engines import dense
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import DivergedError
 from fedjax_mtl.report import read_jsonl
@@ -43,17 +44,17 @@ def test_divergence_message_names_round_clients_and_tasks(exp_and_config):
             'params': [np.ones(g.num_total, bool) for g in fed.groups],
             'agg': [np.ones(g.num_total, bool) for g in fed.groups],
             'server': np.bool_(True)}
-  assert train.divergence(exp, 3, health) is None
+  assert dense.divergence(exp, 3, health) is None
   health['agg'][0][1] = False
   c = fed.clients[fed.groups[0].client_ids[1]]
-  msg = train.divergence(exp, 3, health)
+  msg = dense.divergence(exp, 3, health)
   assert msg == f'round 3: non-finite aggregated parameters of client {c.name} ({c.tasks[0]})'
   health['loss'][0][1, 0] = False  # losses are named first: they point at the cause
-  assert 'training loss' in train.divergence(exp, 3, health)
+  assert 'training loss' in dense.divergence(exp, 3, health)
   health = {k: [np.ones_like(x) for x in v] if isinstance(v, list) else v
             for k, v in health.items()}
   health['server'] = np.bool_(False)
-  assert 'server state' in train.divergence(exp, 3, health)
+  assert 'server state' in dense.divergence(exp, 3, health)
 
 
 def test_poisoned_client_stops_the_run_and_keeps_the_last_checkpoint(exp_and_config, tmp_path):

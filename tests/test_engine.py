@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from fedjax_mtl import experiment, federation, feeds, local, rounds, train
+from fedjax_mtl import experiment, federation, local_training, rounds, sources, train
+from fedjax_mtl.engines.dense import DenseEngine
 from fedjax_mtl.report import read_jsonl
 
 
@@ -54,32 +55,42 @@ def test_epoch_lr_matches_timm_cosine_with_warmup():
     return O.min_lr + 0.5 * (O.lr - O.min_lr) * (1 + np.cos(np.pi * tc / ti))
 
   epochs = np.arange(total)
-  got = np.asarray(local.epoch_lr(jnp.asarray(epochs), O, total))
+  got = np.asarray(local_training.epoch_lr(jnp.asarray(epochs), O, total))
   # Stepped after each epoch: epoch k trains at the value for t = max(k-1, 0).
   want = np.array([ref(max(k - 1, 0)) for k in epochs])
   np.testing.assert_allclose(got, want, rtol=1e-5)
   assert got[0] == got[1] == pytest.approx(O.warmup_lr_init)
 
 
-def test_client_plan_shuffles_each_epoch_and_masks_padding():
+def test_batch_plan_shuffles_each_epoch_and_masks_padding():
   row = jnp.asarray(np.r_[np.arange(10, 20), np.zeros(6, int)])  # 10 real of 16
-  idx, mask = local.client_plan(row, jnp.int32(10), jax.random.PRNGKey(0), 2, 4)
+  idx, mask = local_training.batch_plan(row, jnp.int32(10), jax.random.PRNGKey(0), 2, 4)
   idx, mask = np.asarray(idx), np.asarray(mask)
   assert idx.shape == (8, 4) and mask.tolist() == [1, 1, 0, 0] * 2
   e0, e1 = idx[:2].ravel(), idx[4:6].ravel()
   assert set(e0) <= set(range(10, 20)) and len(set(e0)) == 8
   assert set(e1) <= set(range(10, 20)) and len(set(e1)) == 8
   assert not np.array_equal(e0, e1)
+  # The many-task engine keeps the short last batch, filled from the epoch's start:
+  # ceil(10 / 4) real steps, the same permutations.
+  fidx, fmask = local_training.batch_plan(row, jnp.int32(10), jax.random.PRNGKey(0), 2, 4,
+                                 fill_last=True)
+  fidx, fmask = np.asarray(fidx), np.asarray(fmask)
+  assert fidx.shape == (8, 4) and fmask.tolist() == [1, 1, 1, 0] * 2
+  np.testing.assert_array_equal(fidx[:2], idx[:2])
+  first = fidx[:3].ravel()
+  assert sorted(first[:10]) == list(range(10, 20))
+  np.testing.assert_array_equal(first[10:], first[:2])
 
 
 def test_group_trainer_freezes_padding_steps_and_padding_clients():
   cfg = tiny_config('local')
-  exp = train.build(cfg)
-  state = train.init_state(exp)
-  train_data, _ = feeds.device_data(exp)
+  exp = experiment.build(cfg)
+  state = experiment.init_state(exp)
+  train_data, _ = sources.device_data(exp)
   g = 0
   spec = exp.fed.groups[g]
-  trainer = jax.jit(local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
+  trainer = jax.jit(local_training.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
                                              cfg.batch_size, cfg.num_rounds, exp.algorithm,
                                              exp.labels[g]))
   gstate = jax.tree.map(lambda x: x, state.groups[g])
@@ -106,17 +117,17 @@ def test_group_trainer_freezes_padding_steps_and_padding_clients():
 
 def test_model_remat_reaches_the_encoder_and_survives_compilation():
   cfg = tiny_config('local', **{'model.remat': True})
-  exp = train.build(cfg)
+  exp = experiment.build(cfg)
   assert exp.encoder.remat
   if jax.default_backend() == 'cpu':
-    assert train.train_compiler_options(cfg) == {
+    assert experiment.train_compiler_options(cfg) == {
         'xla_disable_hlo_passes': 'cse_barrier_expander'}
-  assert train.train_compiler_options(tiny_config('local')) is None
+  assert experiment.train_compiler_options(tiny_config('local')) is None
   # `model.kwargs.remat` (which the encoder receives) decides, also for the options.
   via_kwargs = tiny_config('local', **{'model.kwargs': {'depths': (1, 0, 0, 0), 'remat': True}})
-  assert (train.train_compiler_options(via_kwargs) is not None) == (jax.default_backend() == 'cpu')
-  state = train.init_state(exp)
-  train_data, _ = feeds.device_data(exp)
+  assert (experiment.train_compiler_options(via_kwargs) is not None) == (jax.default_backend() == 'cpu')
+  state = experiment.init_state(exp)
+  train_data, _ = sources.device_data(exp)
   # The remat barriers are still in the compiled group trainer: the
   # recomputation was not merged back into the forward pass.
   spec = exp.fed.groups[0]
@@ -127,8 +138,8 @@ def test_model_remat_reaches_the_encoder_and_survives_compilation():
 
 
 def test_gather_scatter_roundtrip_and_layout():
-  exp = train.build(tiny_config('local'))
-  state = train.init_state(exp)
+  exp = experiment.build(tiny_config('local'))
+  state = experiment.init_state(exp)
   params = [gs.params for gs in state.groups]
   enc = experiment.views(exp, params, 'encoder')
   dec = experiment.views(exp, params, 'decoder')
@@ -161,7 +172,7 @@ def test_gather_scatter_roundtrip_and_layout():
 
 def test_fedavg_round_shares_encoder_and_decoders_but_not_heads(fedavg_run):
   _, out = fedavg_run
-  exp = train.build(tiny_config('fedavg'))
+  exp = experiment.build(tiny_config('fedavg'))
   enc, dec, heads = _real_views(exp, out['state'])
   for x in jax.tree.leaves(enc) + jax.tree.leaves(dec):
     np.testing.assert_allclose(x, np.broadcast_to(x.mean(0), x.shape), rtol=1e-6, atol=1e-7)
@@ -173,14 +184,15 @@ def test_fedavg_round_shares_encoder_and_decoders_but_not_heads(fedavg_run):
 
 
 def test_fedavg_aggregation_is_the_uniform_mean_of_local_models():
-  exp = train.build(tiny_config('fedavg'))
-  state = train.init_state(exp)
-  feed = feeds.InMemoryFeed(exp)
-  train_data = feed.train_data
+  exp = experiment.build(tiny_config('fedavg'))
+  state = experiment.init_state(exp)
+  engine = DenseEngine(exp)
+  engine.open(0)
+  train_data = engine.source.train
   cfg = exp.config
   trained = []
   for g, spec in enumerate(exp.fed.groups):
-    tr = jax.jit(local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
+    tr = jax.jit(local_training.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
                                           cfg.batch_size, cfg.num_rounds, exp.algorithm,
                                           exp.labels[g]))
     key = jax.random.fold_in(jax.random.fold_in(state.rng, 0), g)
@@ -188,7 +200,7 @@ def test_fedavg_aggregation_is_the_uniform_mean_of_local_models():
                       jnp.int32(0), key)[0].params)
   enc_local = _np(experiment.views(exp, trained, 'encoder'))
   dec_local = _np(experiment.views(exp, trained, 'decoder'))
-  new_state, _ = feed.run_round(state, 1)
+  new_state, _ = engine.run_round(state, 1)
   enc, dec, _ = _real_views(exp, new_state)
   for got, loc in zip(jax.tree.leaves(enc) + jax.tree.leaves(dec),
                       jax.tree.leaves(enc_local) + jax.tree.leaves(dec_local)):
@@ -196,11 +208,12 @@ def test_fedavg_aggregation_is_the_uniform_mean_of_local_models():
 
 
 def test_local_rule_keeps_every_client_its_own_model():
-  exp = train.build(tiny_config('local'))
-  state = train.init_state(exp)
-  feed = feeds.InMemoryFeed(exp)
-  state, _ = feed.run_round(state, 1)
-  state, _ = feed.run_round(state, 2)
+  exp = experiment.build(tiny_config('local'))
+  state = experiment.init_state(exp)
+  engine = DenseEngine(exp)
+  engine.open(0)
+  state, _ = engine.run_round(state, 1)
+  state, _ = engine.run_round(state, 2)
   enc, dec, _ = _real_views(exp, state)
   for x in jax.tree.leaves(enc):
     assert len({x[i].tobytes() for i in range(x.shape[0])}) == x.shape[0]
@@ -260,7 +273,7 @@ def test_edge_odsf_is_scored_on_each_edge_clients_own_predictions(fedavg_run):
   from fedjax_mtl.metrics.edge import EdgeODSAccumulator
   from fedjax_mtl import tasks
   _, out = fedavg_run
-  exp = train.build(tiny_config('fedavg'))
+  exp = experiment.build(tiny_config('fedavg'))
   g = 1  # the NYUD-like multi-task client: edge is one of its slots
   spec = exp.fed.groups[g]
   test = exp.data[spec.dataset]['test']
@@ -268,7 +281,7 @@ def test_edge_odsf_is_scored_on_each_edge_clients_own_predictions(fedavg_run):
   outs = exp.models_eval[g].apply(
       {'params': jax.tree.map(lambda x: x[0], gs.params),
        'batch_stats': jax.tree.map(lambda x: x[0], gs.batch_stats)},
-      local.normalize_image(jnp.asarray(test['image'])))
+      local_training.normalize_image(jnp.asarray(test['image'])))
   slot = exp.fed.clients[spec.client_ids[0]].tasks.index('edge')
   prob = np.asarray(jax.nn.sigmoid(outs[slot][..., 0]))
   acc = EdgeODSAccumulator(max_dist=tasks.DATASETS[spec.dataset].edge_max_dist)
@@ -291,9 +304,9 @@ def test_pretrained_encoder_is_every_clients_round_zero_encoder(tmp_path, monkey
     return {'params': jax.tree.map(lambda s: jnp.full(s.shape, 0.5, s.dtype), like['params'])}
 
   monkeypatch.setattr(experiment, 'load_pretrained_encoder', fake_loader)
-  exp = train.build(tiny_config('fedavg', **{'model.pretrained_path': str(path)}))
-  state = train.init_state(exp)
-  plain = train.init_state(train.build(tiny_config('fedavg')))
+  exp = experiment.build(tiny_config('fedavg', **{'model.pretrained_path': str(path)}))
+  state = experiment.init_state(exp)
+  plain = experiment.init_state(experiment.build(tiny_config('fedavg')))
   assert seen['path'] == str(path)
   enc = _np(experiment.views(exp, [g.params for g in state.groups], 'encoder'))
   for leaf, like in zip(jax.tree.leaves(enc), jax.tree.leaves(seen['like']['params'])):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from fedjax_mtl import algorithms, train
+from fedjax_mtl import algorithms, experiment, report, train
 from fedjax_mtl.algorithms import FedInfo, ServerInputs, ServerState, plugin_math, rules
 from fedjax_mtl.algorithms.base import Blocks, unstack
 from fedjax_mtl.errors import ConfigError
@@ -275,12 +275,32 @@ def test_unified_owner_leaves_task_parameters_to_their_owner():
   assert alg.shared_roles == ('encoder',)
 
 
-@pytest.mark.parametrize('spec,cfg,info_kw,message', [
-    ('dea(fedavg)', {'dea': {'rho': 0.0}}, {}, 'dea.rho=0.0 is out of range; valid range: '
+def _validated(spec, blocks):
+  """ConfigError of validation for the smoke config of `spec` with `blocks` set."""
+  from fedjax_mtl import validate
+  cfg = tiny_config(spec)
+  for name, values in blocks.items():
+    for k, v in values.items():
+      cfg[name][k] = v
+  with pytest.raises(ConfigError) as e:
+    validate.check_config(cfg)
+  return str(e.value)
+
+
+@pytest.mark.parametrize('spec,cfg,message', [
+    # The dea block's declared ranges: refused by validation, before anything is built.
+    ('dea(fedavg)', {'dea': {'rho': 0.0}}, 'dea.rho=0.0 is out of range; valid range: '
      '0 < rho <= 1'),
-    ('dea(fedavg)', {'dea': {'rho': 1.5}}, {}, 'valid range: 0 < rho <= 1'),
-    ('dea(fedavg)', {'dea': {'variant': 'largest'}}, {}, "unknown dea.variant 'largest'"),
-    ('dea(fedavg)', {'dea': {'server_lr': 0.0}}, {}, 'dea.server_lr=0.0 is out of range'),
+    ('dea(fedavg)', {'dea': {'rho': 1.5}}, 'valid range: 0 < rho <= 1'),
+    ('dea(fedavg)', {'dea': {'variant': 'largest'}}, "unknown dea.variant 'largest'"),
+    ('dea(fedavg)', {'dea': {'server_lr': 0.0}}, 'dea.server_lr=0.0 is out of range'),
+])
+def test_bad_dea_values_are_one_clear_error_of_validation(spec, cfg, message):
+  error = _validated(spec, cfg)
+  assert message in error and '\n' not in error
+
+
+@pytest.mark.parametrize('spec,cfg,info_kw,message', [
     ('dea(local)', {}, {}, "'local' shares no parameters"),
     ('dea(fedavgg)', {}, {}, "unknown algorithm 'fedavgg'"),
     ('dea', {}, {}, "wrapper 'dea' needs an algorithm inside"),
@@ -311,13 +331,13 @@ def test_feddea_smoke_run_trains_one_unified_model(tmp_path):
   base = tiny_config()
   assert cfg.model.encoder == base.model.encoder  # the shared smoke model (compile cache)
   out = train.train_and_evaluate(cfg, str(tmp_path))
-  exp = train.build(cfg)
+  exp = experiment.build(cfg)
   assert exp.fed.num_clients == 3 and all(len(c.tasks) == 1 for c in exp.fed.clients)
   params = jax.device_get(out['state'].groups[0].params)
   for leaf in jax.tree.leaves(params['encoder']):  # one global encoder after aggregation
     np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[:1], leaf.shape))
   assert {r['unified'] for r in out['eval']} == {'literal'}
-  rows = train.report.read_jsonl(str(tmp_path / 'metrics.jsonl'))
+  rows = report.read_jsonl(str(tmp_path / 'metrics.jsonl'))
   agg = [r for r in rows if r['type'] == 'agg']
   assert len(agg) == 2 and all(min(r['dea_energy']) >= 0.25 for r in agg)
   assert '[unified=literal]' in (tmp_path / 'results.md').read_text()
@@ -343,14 +363,15 @@ def test_unified_round_keeps_one_encoder_and_equals_a_row_per_client(algorithm, 
   client; FedBN's batch norms stay a row per client. FedACG's lookahead start and
   MOON-free client terms read the shared row."""
   import dataclasses
-  from fedjax_mtl import feeds, rounds
+  from fedjax_mtl import rounds
+  from fedjax_mtl.engines.dense import DenseEngine
   cfg = _feddea_config()
   cfg.algorithm = algorithm
   cfg.num_rounds = 2
   if encoder:
     cfg.model.encoder = encoder
     cfg.model.kwargs = {'stage_sizes': (1, 1, 1, 1), 'width': 8}
-  exp = train.build(cfg)
+  exp = experiment.build(cfg)
   axes = exp.start_axes[0]
   flat = jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda a: a is None)[0]
   shared = {'/'.join(plugin_math.path_names(p)) for p, a in flat if a is None}
@@ -360,18 +381,19 @@ def test_unified_round_keeps_one_encoder_and_equals_a_row_per_client(algorithm, 
   else:
     assert {n for n, _ in ((('/'.join(plugin_math.path_names(p))), a) for p, a in flat)
             if n.startswith('encoder/')} == shared
-  per_row = dataclasses.replace(exp, start_axes=None, compiled={})
+  per_row = dataclasses.replace(exp, start_axes=None)
   finals = []
   for e in (exp, per_row):
-    feed = feeds.InMemoryFeed(e)
-    state = train.init_state(e)
-    start = rounds.round_start(e, [gs.params for gs in state.groups])
+    engine = DenseEngine(e)
+    engine.open(0)
+    state = experiment.init_state(e)
+    start = rounds.round_start(engine.programs.round_start, [gs.params for gs in state.groups])
     if e.start_axes is not None:  # one row of each shared leaf
       for a, x, full in zip(jax.tree.leaves(axes, is_leaf=lambda a: a is None),
                             jax.tree.leaves(start[0]), jax.tree.leaves(state.groups[0].params)):
         assert x.shape == (full.shape[1:] if a is None else full.shape)
     for rnd in (1, 2):
-      state, _ = feed.run_round(state, rnd)
+      state, _ = engine.run_round(state, rnd)
     finals.append(jax.device_get(state.groups[0].params))
   jax.tree.map(np.testing.assert_array_equal, *finals)
 
@@ -519,14 +541,22 @@ def test_heal_over_fedavg_is_fedheal_over_two_rounds():
 @pytest.mark.parametrize('spec,blocks,message', [
     ('heal(fedavg)', {}, 'heal() needs one update per client, but the decoder role has 6 rows'),
     ('pcgrad(fedprox)', {}, 'pcgrad() needs one update per client'),
-    ('heal(fedavg)', {'heal': {'tau': 1.0, 'beta': 0.4}}, 'heal.tau=1.0, heal.beta=0.4 are out '
-     'of range'),
-    ('feddyn', {'feddyn': {'alpha': 0.0}}, 'feddyn.alpha=0.0 is out of range'),
 ])
 def test_bad_bases_and_modules_are_one_clear_error(spec, blocks, message):
   with pytest.raises(ConfigError) as e:
     algorithms.get_algorithm(spec, _info(), _cfg(**blocks))
   assert message in str(e.value) and '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('spec,blocks,message', [
+    # Declared ranges: refused by validation, before anything is built.
+    ('heal(fedavg)', {'heal': {'tau': 1.0, 'beta': 0.4}}, 'heal.tau=1.0 is out of range; '
+     'valid range: 0 <= tau < 1'),
+    ('feddyn', {'feddyn': {'alpha': 0.0}}, 'feddyn.alpha=0.0 is out of range'),
+])
+def test_bad_base_and_module_settings_are_one_clear_error_of_validation(spec, blocks, message):
+  error = _validated(spec, blocks)
+  assert message in error and '\n' not in error
 
 
 def test_moon_client_term_is_the_contrastive_loss_of_the_three_representations():
@@ -583,7 +613,7 @@ def test_fedacg_lookahead_and_momentum_over_two_rounds():
 
 
 def test_edge_losses_pick_the_first_and_the_last_real_step():
-  from fedjax_mtl.local import edge_losses
+  from fedjax_mtl.local_training import edge_losses
   totals = jnp.asarray([5., 4., 9., 3., 2., 7.])
   mask = jnp.asarray([1, 1, 0, 1, 1, 0])  # epochs of 3 steps, the last of each padding
   first, last = edge_losses(totals, mask)

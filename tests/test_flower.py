@@ -1,7 +1,9 @@
 """The Flower adapter (fedjax_mtl/flower): the smoke FedHCA2 run in Flower's simulation
 engine (5 clients, 2 rounds, ClientApps in 2 Ray workers) aggregates the same
-parameters as the engine's own rounds (real data: tests/test_real_engine.py); a client whose config differs refuses the run
-naming the fields; what the adapter cannot run is refused before Ray starts.
+parameters as the engine's own rounds (real data: tests/test_real_engine.py); so do a
+many-task FedAvg and a MaTU run (`test_manytask.tiny`: 6 clients, 4 tasks, half the
+clients a round); a client whose config differs refuses the run naming the fields;
+what the adapter cannot run is refused before Ray starts.
 """
 
 import os
@@ -11,9 +13,9 @@ import numpy as np
 import pytest
 
 import agreement
-from conftest import tiny_config
+from conftest import override, tiny_config
 from fedjax_mtl.errors import ConfigError
-from fedjax_mtl.flower import codec, runtime, simulate
+from fedjax_mtl.flower import codec, many_task, runtime, simulate
 from fedjax_mtl.report import read_jsonl
 from test_multihost import ROOT
 
@@ -73,8 +75,93 @@ def test_a_client_with_another_config_refuses_the_run_naming_the_fields(tmp_path
   assert not (tmp_path / 'wd').exists()
 
 
+def many_config(algorithm: str):
+  """`test_manytask.tiny(algorithm)` for 2 rounds under SGD (agreement.py)."""
+  from test_manytask import tiny
+  cfg = tiny(algorithm, num_rounds=2, **agreement.SGD)
+  if algorithm == 'matu':
+    from fedjax_mtl.algorithms import matu
+    cfg.matu = matu.default_config()
+  return cfg
+
+
+@pytest.mark.parametrize('algorithm', ['fedavg', 'matu'])
+def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, tmp_path):
+  """One Flower node per many-task client: each trains its slots with the engine's
+  per-slot trainer (same samples and keys, one slot at a time instead of one vmap),
+  the server stacks the uploads in slot order and runs the engine's aggregation."""
+  from multihost_worker import many_task_arrays
+  from fedjax_mtl import train
+  from fedjax_mtl.manytask import run as run_lib
+  cfg = many_config(algorithm)
+  wd = str(tmp_path / 'flower')
+  strategy = simulate.simulate(cfg, wd, num_workers=2)
+  want_out = train.train_and_evaluate(cfg, str(tmp_path / 'engine'))
+  f64 = lambda d: {k: np.asarray(v, np.float64) for k, v in d.items()}
+  want = f64(many_task_arrays(jax.device_get(want_out['state'])))
+  init = f64(many_task_arrays(jax.device_get(run_lib.init_state(run_lib.build_run(cfg)))))
+  got = f64(many_task_arrays(strategy.state))
+  errors = agreement.row_errors(got, want, init)
+  assert all(np.all(e <= 1) for e in errors.values()), {p: e.max() for p, e in errors.items()}
+  # A server that weighed the dummy slots in (every update shrunk by 5/8) fails the
+  # bound many times over on every leaf training moved beyond rounding.
+  fault = {k: init[k] + 5 / 8 * (w - init[k]) for k, w in want.items()}
+  moved = [k for k, w in want.items()
+           if np.linalg.norm(w - init[k]) > 1e3 * agreement.EPS * np.linalg.norm(w)]
+  assert any('lora_b' in k for k in moved) and any('head' in k for k in moved)
+  faults = agreement.row_errors({k: fault[k] for k in moved}, {k: want[k] for k in moved},
+                                {k: init[k] for k in moved})
+  assert all(e.max() > agreement.FAULT_MARGIN for e in faults.values()), {
+      p: e.max() for p, e in faults.items()}
+  print(algorithm, 'worst row:', max(float(e.max()) for e in errors.values()),
+        'of its bound; fault:', min(float(e.max()) for e in faults.values()))
+  # metrics.jsonl: the engine's rows (train per real pair, agg with the upload bits,
+  # eval per task), losses as the engine's.
+  rows = read_jsonl(os.path.join(wd, 'metrics.jsonl'))
+  ref = read_jsonl(os.path.join(tmp_path, 'engine', 'metrics.jsonl'))
+  key = lambda r: (r['round'], r['type'], r.get('client'), r.get('task'), r.get('metric'))
+  assert sorted(map(key, rows)) == sorted(map(key, ref))
+  pick = lambda rs, t, f: [r[f] for r in sorted(rs, key=key) if r['type'] == t]
+  np.testing.assert_allclose(pick(rows, 'train', 'loss'), pick(ref, 'train', 'loss'), rtol=1e-4)
+  assert pick(rows, 'train', 'steps') == pick(ref, 'train', 'steps')
+  assert pick(rows, 'agg', 'upload_bits') == pick(ref, 'agg', 'upload_bits')
+  ev = [r for r in rows if r['type'] == 'eval' and r['round'] == cfg.num_rounds]
+  assert [(r['task'], r['metric']) for r in ev] == [
+      (r['task'], r['metric']) for r in want_out['eval']]
+  losses = [i for i, r in enumerate(ev) if r['metric'] == 'loss']
+  np.testing.assert_allclose([ev[i]['value'] for i in losses],
+                             [want_out['eval'][i]['value'] for i in losses], rtol=1e-4)
+  assert os.path.exists(os.path.join(wd, 'results.md'))
+  st = strategy.run.setting
+  assert [len(t['client_train']) for t in strategy.timing] == [
+      len(set(st.pairs[p, 0] for p in st.schedule[r] if p < st.num_pairs)) for r in range(2)]
+
+
+def test_many_task_messages_carry_a_clients_own_slots():
+  cfg = many_config('fedavg')
+  strategy = many_task.ManyTaskStrategy(cfg)
+  st = strategy.run.setting
+  contents = strategy.train_contents(1)
+  owners = many_task.slot_owners(st, 1)
+  assert sorted(contents) == sorted(owners) == sorted(set(st.participants[0]) & set(owners))
+  for c, content in contents.items():
+    pairs = list(content['config']['pairs'])
+    assert pairs == [int(st.schedule[0][j]) for j in owners[c]]
+    assert all(st.pairs[p, 0] == c for p in pairs)
+  keys = many_task.leaf_keys(strategy.run)
+  # FedAvg: the adapters are global (sent once, uploaded), the heads per task (kept).
+  assert keys['global'] == keys['upload'] and keys['rows'] == keys['kept']
+  assert all(k.startswith('head/') for k in keys['kept'])
+
+
+def _ntk_tuned():
+  from fedjax_mtl.algorithms import ntkfedavg
+  cfg = many_config('ntkfedavg')
+  cfg.ntkfedavg = ntkfedavg.default_config()
+  return override(cfg, **{'ntkfedavg.tune_alpha': True})
+
+
 def _ntk_plain():
-  from conftest import override
   from fedjax_mtl.config_doc import load_config
   return override(load_config(os.path.join(ROOT, 'configs/ntkfedavg.py:smoke')),
                   **{'ntkfedavg.linearize': False})
@@ -83,7 +170,11 @@ def _ntk_plain():
 @pytest.mark.parametrize('make,message', [
     (lambda: tiny_config('fedacg'), r"'fedacg' is not supported by the Flower adapter: .*lookahead"),
     (_ntk_plain, r"'ntkfedavg' is not supported .*batch-norm running statistics"),
-    (lambda: tiny_config('hca2', setting='many_task'), r"runs setting='dense'"),
+    (lambda: override(many_config('fedavg'), **{'many.heads': 'heads.npz'}),
+     r"the Flower adapter trains linear heads; frozen zero-shot heads are not supported"),
+    (lambda: _ntk_tuned(), r'ntkfedavg.tune_alpha is not supported by the Flower adapter'),
+    (lambda: override(many_config('fedavg'), algorithm='hca2'),
+     r"'hca2' does not run in the many-task setting"),
 ])
 def test_what_the_adapter_cannot_run_is_refused_before_ray_starts(make, message):
   with pytest.raises(ConfigError, match=message):

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import tiny_config
 from fedjax_mtl import experiment, train
+from fedjax_mtl.engines import dense
 from fedjax_mtl.algorithms import FedInfo, ServerInputs, get_algorithm
 from fedjax_mtl.algorithms import hca2
 from fedjax_mtl.algorithms import hca2_math as hm
@@ -200,8 +201,11 @@ def test_ablations_and_homo_averaging():
                          np.repeat(dd[2:].mean(0, keepdims=True), 2, 0)])
     np.testing.assert_allclose(got, np.asarray(p) + gm + 0.1 * np.asarray(uu)[None],
                                rtol=1e-5, atol=1e-6)
+  # The declared choices are refused by validation, before anything is built.
+  from fedjax_mtl import validate
+  bad = tiny_config('hca2', **{'hca2.encoder_agg': 'mean'})
   with pytest.raises(ConfigError, match="unknown hca2.encoder_agg 'mean'; valid choices"):
-    _rule(encoder_agg='mean')
+    validate.check_config(bad)
 
 
 def test_blocks_views_give_the_stacked_result():
@@ -259,8 +263,9 @@ def hca2_run(tmp_path_factory):
 
 def test_engine_round_compiles_once_and_logs_hyperweights(hca2_run):
   wd, out = hca2_run
-  exp = train.build(tiny_config('hca2', hca2=hca2.default_config()))
-  assert all(f._cache_size() == 1 for f in exp.compiled['train_fns'] + [exp.compiled['agg_fn']])
+  exp = experiment.build(tiny_config('hca2', hca2=hca2.default_config()))
+  programs = dense.programs(exp)
+  assert all(f._cache_size() == 1 for f in programs.train_fns + [programs.agg_fn])
   rows = read_jsonl(os.path.join(wd, 'metrics.jsonl'))
   agg = [r for r in rows if r['type'] == 'agg']
   n, k = exp.fed.num_clients, exp.fed.num_decoders

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import override
 from fedjax_mtl import train
-from fedjax_mtl.data import many_task
+from fedjax_mtl.manytask import allocation
 from fedjax_mtl.defaults import base_config
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.manytask import engine, pretrain
@@ -46,14 +46,14 @@ def tiny(algorithm='fedavg', **over):
 
 @pytest.fixture(scope='module')
 def fedavg_run():
-  return run_lib.build(tiny())
+  return run_lib.build_run(tiny())
 
 
 @pytest.fixture(scope='module')
 def local_round1():
   """(state, outputs) of round 1 under Local: the slots' trained rows, from the same
   start and data order as every algorithm's round 1 on `tiny()`."""
-  return _round1(run_lib.build(tiny('local')))
+  return _round1(run_lib.build_run(tiny('local')))
 
 
 def test_schedule_is_fixed_size_and_lists_every_participant_pair(fedavg_run):
@@ -61,7 +61,7 @@ def test_schedule_is_fixed_size_and_lists_every_participant_pair(fedavg_run):
   m = st.num_pairs
   assert st.schedule.shape == (2, st.num_slots) and (st.schedule == m).any()  # padded
   for r in range(2):
-    clients = many_task.sample_participants(6, 0.5, r, 0)
+    clients = allocation.sample_participants(6, 0.5, r, 0)
     np.testing.assert_array_equal(st.participants[r], clients)
     want = [i for i, (c, _) in enumerate(st.pairs) if c in clients]
     assert sorted(st.schedule[r][st.schedule[r] < m].tolist()) == want
@@ -80,7 +80,7 @@ def test_storage_follows_the_algorithm_roles():
   assert list(roles.values()) == ['encoder', 'decoder', 'head']
   from fedjax_mtl import algorithms
   from fedjax_mtl.manytask.run import slot_info
-  info = slot_info(run_lib.build(tiny()).setting, tiny())
+  info = slot_info(run_lib.build_run(tiny()).setting, tiny())
   got = {name: list(engine.storage(algorithms.get_algorithm(name, info, tiny(name)),
                                    roles).values())
          for name in ('fedavg', 'fedprox', 'fedper', 'local')}
@@ -134,7 +134,7 @@ def test_fedprox_with_mu_zero_is_fedavg(fedavg_run):
   # XLA may fuse and round them apart: under SGD the same adapters to rounding
   # (agreement.py), which a proximal term that is not zero exceeds.
   import agreement
-  sgd = lambda name, **kw: _round1(run_lib.build(tiny(name, **kw, **agreement.SGD)))[0]
+  sgd = lambda name, **kw: _round1(run_lib.build_run(tiny(name, **kw, **agreement.SGD)))[0]
   rows = lambda s: {k: np.asarray(v, np.float64)[None] for k, v in s.shared.items()}
   a, b, c = (rows(sgd('fedavg')), rows(sgd('fedprox', **{'fedprox.mu': 0.0})),
              rows(sgd('fedprox', **{'fedprox.mu': 10.0})))
@@ -147,7 +147,7 @@ def test_fedprox_with_mu_zero_is_fedavg(fedavg_run):
 
 
 def test_local_steps_mode_and_one_task_per_client():
-  run = run_lib.build(tiny('local', **{'many.local_epochs': 0, 'many.local_steps': 3,
+  run = run_lib.build_run(tiny('local', **{'many.local_epochs': 0, 'many.local_steps': 3,
                                        'many.zeta_t': 0.0, 'many.participation': 1.0}))
   st = run.setting
   assert st.allocation.assignment.sum(1).tolist() == [1] * 6
@@ -167,7 +167,7 @@ def test_run_writes_results_resumes_and_counts_bits(tmp_path):
   rows = [json.loads(line) for line in open(part / 'metrics.jsonl')]
   assert [r['round'] for r in rows if r['type'] == 'agg'] == [1, 2]
   agg = [r for r in rows if r['type'] == 'agg'][0]
-  run = run_lib.build(cfg)
+  run = run_lib.build_run(cfg)
   adapters = sum(int(np.prod(v.shape)) for k, v in run.trainable.items()
                  if run.roles[k] != 'head')
   d = run.trainable['head/kernel'].shape[0]
@@ -180,14 +180,45 @@ def test_run_writes_results_resumes_and_counts_bits(tmp_path):
   table = (part / 'results.md').read_text()
   assert 'digits_perm' in table and 'bits/task' in table
   assert (part / 'curves.png').stat().st_size > 0
-  assert [json.loads(line)['round'] for line in open(part / 'timing.jsonl')] == [1, 2]
+  # Wall times apart from the metrics: the compile report of the start (round 0: the
+  # interrupted attempt saved no checkpoint, so the second one started afresh and
+  # dropped its rows), then each round's seconds.
+  timing = [json.loads(line) for line in open(part / 'timing.jsonl')]
+  assert [(r['round'], 'compile_s' in r) for r in timing] == [(0, True), (1, False),
+                                                              (2, False)]
+  assert set(timing[0]['compile_s']) == {'round', 'evaluate'}
+
+
+def test_run_reports_progress_and_writes_tensorboard_like_a_dense_run(tmp_path, capsys):
+  """The one run loop: the many-task setting shows the dense setting's compile report
+  and round lines, and writes the same rows to TensorBoard."""
+  from test_report import _events
+  cfg = tiny(progress=True, tensorboard=True)
+  train.train_and_evaluate(cfg, str(tmp_path))
+  captured = capsys.readouterr()
+  err = captured.out + captured.err
+  assert 'compiling 2 programs (round, evaluate)' in err and 'compiled in ' in err
+  assert 'round 1/2 ' in err and '| train loss ' in err
+  assert ' | eval mean accuracy ' in err
+  events = _events(str(tmp_path / 'tensorboard'))
+  rows = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')]
+  acc = {(r['round'], r['task']): r['value'] for r in rows
+         if r['type'] == 'eval' and r['metric'] == 'accuracy'}
+  got = {(step, tag.split('/')[1]): v for tag, step, v in events
+         if tag.startswith('eval/') and tag.endswith('/accuracy')}
+  assert got == pytest.approx(acc) and len(got) == 8
+  assert {tag for tag, _, _ in events if tag.startswith('agg/')} >= {'agg/upload_bits',
+                                                                    'agg/bits_per_task'}
+  train_tags = {tag for tag, _, _ in events if tag.startswith('train/')}
+  assert train_tags == {f"train/{r['client']}/{r['task']}/loss" for r in rows
+                        if r['type'] == 'train'}
 
 
 def test_individual_reference_gives_normalised_accuracy(tmp_path):
   ind = tiny('local', **{'many.num_clients': 4, 'many.zeta_t': 0.0,
                          'many.class_split': 'iid', 'many.participation': 1.0})
   train.train_and_evaluate(ind, str(tmp_path / 'ind'))
-  run = run_lib.build(ind)
+  run = run_lib.build_run(ind)
   assert run.setting.counts.tolist() == [48] * 4  # each task's whole training set
   cfg = tiny(**{'many.individual_reference': str(tmp_path / 'ind')})
   train.train_and_evaluate(cfg, str(tmp_path / 'fed'))
@@ -197,14 +228,14 @@ def test_individual_reference_gives_normalised_accuracy(tmp_path):
 def test_warmup_backbone_is_cached_and_reused(tmp_path):
   cfg = tiny(**{'many.pretrained': 'warmup', 'many.warmup_steps': 3,
                 'many.cache_dir': str(tmp_path)})
-  a = run_lib.build(cfg)
+  a = run_lib.build_run(cfg)
   path = pretrain.warmup_path(cfg.many)
   assert os.path.exists(path)
   mtime = os.path.getmtime(path)
-  b = run_lib.build(cfg)
+  b = run_lib.build_run(cfg)
   assert os.path.getmtime(path) == mtime
   jax.tree.map(np.testing.assert_array_equal, a.backbone, b.backbone)
-  rand = run_lib.build(tiny())
+  rand = run_lib.build_run(tiny())
   assert not np.array_equal(a.backbone['embedding']['kernel'], rand.backbone['embedding']['kernel'])
 
 
@@ -239,7 +270,7 @@ def test_backbone_of_another_model_is_refused(tmp_path):
   path = tmp_path / 'b.npz'
   np.savez(path, **{k: np.asarray(v) for k, v in vit.flatten_params(backbone).items()})
   with pytest.raises(ConfigError, match='does not fit model') as e:
-    run_lib.build(tiny(**{'many.pretrained': str(path)}))
+    run_lib.build_run(tiny(**{'many.pretrained': str(path)}))
   assert '\n' not in str(e.value)
 
 
@@ -291,7 +322,7 @@ def test_frozen_zero_shot_heads(tmp_path):
   zeroshot.save_heads(path, heads, logit_scale=np.log(50.))
   cfg = tiny(**{'many.tasks': ','.join(tasks), 'many.model': 'clip_tiny_test',
                 'many.resolution': 32, 'many.heads': path})
-  run = run_lib.build(cfg)
+  run = run_lib.build_run(cfg)
   assert set(run.roles.values()) == {'encoder', 'decoder'}  # no head parameters
   state = init_state(run)
   test = jax.device_put(concat_split(run.data.test))
@@ -308,10 +339,10 @@ def test_frozen_zero_shot_heads(tmp_path):
   _, out = _round1(run)
   assert np.isfinite(out['loss']).all()
   with pytest.raises(ConfigError, match='needs a CLIP tower'):
-    run_lib.build(override(cfg.copy_and_resolve_references(), **{'many.model': 'vit_micro'}))
+    run_lib.build_run(override(cfg.copy_and_resolve_references(), **{'many.model': 'vit_micro'}))
   zeroshot.save_heads(path, {'digits': heads['digits']}, logit_scale=0.)
   with pytest.raises(ConfigError, match="no head for shapes"):
-    run_lib.build(cfg)
+    run_lib.build_run(cfg)
 
 
 @pytest.mark.parametrize('mode', ['hard', 'soft'])
@@ -341,7 +372,7 @@ def test_matfl_round_groups_the_pairs_of_the_local_round(local_round1):
   from fedjax_mtl.algorithms import matfl, matfl_math as mm
   cfg = tiny('matfl')
   cfg.matfl = matfl.default_config()
-  run = run_lib.build(cfg)
+  run = run_lib.build_run(cfg)
   assert set(run.where.values()) == {'pair'}
   st = run.setting
   slots = st.schedule[0]

@@ -19,12 +19,12 @@ from test_manytask import _round1, tiny
 
 @pytest.fixture(scope='module')
 def fedavg_run():
-  return run_lib.build(tiny())
+  return run_lib.build_run(tiny())
 
 
 @pytest.fixture(scope='module')
 def local_round1():
-  return _round1(run_lib.build(tiny('local')))
+  return _round1(run_lib.build_run(tiny('local')))
 
 
 def _matu(**over):
@@ -46,7 +46,7 @@ def test_matu_round_is_the_matu_math_of_the_local_round(local_round1):
   test_matu_math.py), segmented by the slots' clients; each real slot keeps
   init + its recovered vector, heads are averaged per task, the server keeps nothing."""
   from fedjax_mtl.algorithms import matu_math
-  run = run_lib.build(_matu())
+  run = run_lib.build_run(_matu())
   st = run.setting
   assert {w for k, w in run.where.items() if run.roles[k] != 'head'} == {'pair'}
   assert {w for k, w in run.where.items() if run.roles[k] == 'head'} == {'task'}
@@ -80,13 +80,13 @@ def test_matu_single_task_clients_without_cross_task_is_per_task_fedavg():
   """Spec §2.6: with one task per client (k_n = 1: τ_n = τ_n^t, λ = 1), ρ = 0 (m̂ = 1)
   and no cross-task vector, MaTU's round is the examples-weighted mean of each task's
   trained adapters, given to every pair of that task."""
-  run = run_lib.build(_matu(**{'many.zeta_t': 0.0, 'many.num_clients': 6,
+  run = run_lib.build_run(_matu(**{'many.zeta_t': 0.0, 'many.num_clients': 6,
                                'many.participation': 1.0, 'matu.rho': 0.0,
                                'matu.cross': 'none'}))
   st = run.setting
   slots = st.schedule[0]
   assert all(len(st.allocation.tasks_of(c)) == 1 for c in range(6))
-  loc, _ = _round1(run_lib.build(tiny('local', **{'many.zeta_t': 0.0, 'many.num_clients': 6,
+  loc, _ = _round1(run_lib.build_run(tiny('local', **{'many.zeta_t': 0.0, 'many.num_clients': 6,
                                                   'many.participation': 1.0})))
   new, _ = _round1(run)
   w = st.pair_counts[slots].astype(np.float64)
@@ -105,7 +105,7 @@ def test_matu_single_task_clients_without_cross_task_is_per_task_fedavg():
 def test_matu_bits_count_one_unified_vector_per_client():
   """Spec §7 item 14: a client with k tasks uploads 32d + k(d + 32) bits (32d when
   k = 1), shared by its k pairs; plus each pair's head columns in float32."""
-  run = run_lib.build(_matu())
+  run = run_lib.build_run(_matu())
   d = sum(int(np.prod(v.shape)) for k, v in run.trainable.items() if run.roles[k] != 'head')
   heads = {k: v for k, v in run.trainable.items() if run.roles[k] == 'head'}
   bits = run_lib.upload_bits(run)
@@ -131,11 +131,11 @@ def test_fixed_and_grouped_task_allocations():
   """`many.tasks_per_client` (Fig. 5): every client holds exactly k tasks and every task
   is held; `many.client_tasks` (Fig. 6a): client n holds group n mod G."""
   big = {'many.num_train': 64, 'many.class_split': 'iid'}
-  st = run_lib.build(tiny(**{'many.tasks_per_client': 3, **big})).setting
+  st = run_lib.build_run(tiny(**{'many.tasks_per_client': 3, **big})).setting
   a = st.allocation.assignment
   assert (a.sum(1) == 3).all() and a.any(0).all()
   assert sorted(a.sum(0).tolist()) == [4, 4, 5, 5]  # 6 clients x 3 tasks round 4 tasks
-  st = run_lib.build(tiny(**{'many.client_tasks': 'digits+shapes; digits_perm+colors+digits',
+  st = run_lib.build_run(tiny(**{'many.client_tasks': 'digits+shapes; digits_perm+colors+digits',
                              **big})).setting
   groups = [[0, 2], [0, 1, 3]]  # benchmark order: digits, digits_perm, shapes, colors
   for c in range(6):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import override
-from fedjax_mtl import config_doc, experiment, local, rounds, train
+from fedjax_mtl import config_doc, experiment, local_training, report, rounds, train
+from fedjax_mtl.engines import dense as dense_engine
 from fedjax_mtl.algorithms import base
 from fedjax_mtl.metrics import dense
 from fedjax_mtl.models import deeplab, resnet
@@ -27,7 +28,7 @@ def test_torch_amsgrad_with_l2_decay_matches_a_numpy_reference():
   wd·p added to the gradient, the running max of the raw second moment, bias
   corrections after the max."""
   cfg = _smoke().optim
-  tx = local.make_optimizer(cfg)
+  tx = local_training.make_optimizer(cfg)
   lr, wd, b1, b2, eps = 1e-2, cfg.weight_decay, cfg.b1, cfg.b2, cfg.eps
   rng = np.random.default_rng(0)
   p = rng.normal(size=5).astype(np.float32)
@@ -48,15 +49,15 @@ def test_torch_amsgrad_with_l2_decay_matches_a_numpy_reference():
 
 def test_round_decay_schedule_and_the_fresh_optimizer_each_round():
   cfg = _smoke().optim
-  lrs = local.step_lrs(jnp.zeros(4, jnp.int32), jnp.asarray(3), cfg, 10)
+  lrs = local_training.step_lrs(jnp.zeros(4, jnp.int32), jnp.asarray(3), cfg, 10)
   np.testing.assert_allclose(np.asarray(lrs), cfg.lr * 0.99**3, rtol=1e-6)
-  tx = local.make_optimizer(cfg)
+  tx = local_training.make_optimizer(cfg)
   params = {'w': jnp.ones((2, 3))}
   used = jax.vmap(lambda p: tx.update(p, tx.init(p), p)[1])(params)
-  fresh = local.fresh_opt_state(tx, cfg, used, params)
+  fresh = local_training.fresh_opt_state(tx, cfg, used, params)
   assert all(float(jnp.abs(x).sum()) == 0 for x in jax.tree.leaves(fresh))
   cfg.reset_each_round = False
-  assert local.fresh_opt_state(tx, cfg, used, params) is used
+  assert local_training.fresh_opt_state(tx, cfg, used, params) is used
 
 
 def test_saliency_miou_is_the_best_threshold_of_the_per_image_jaccard():
@@ -118,8 +119,8 @@ def test_linearised_dense_forward_at_its_point_is_the_inference_model():
 
 
 def test_fedavg_of_benchmark_a_averages_the_encoder_statistics():
-  exp = train.build(_smoke(**{'ntkfedavg.linearize': False}))
-  prog = rounds.stats_program(exp)
+  exp = experiment.build(_smoke(**{'ntkfedavg.linearize': False}))
+  prog = dense_engine.programs(exp).stats_fn
   assert prog is not None
   stats = []
   offset = 0
@@ -138,7 +139,7 @@ def test_fedavg_of_benchmark_a_averages_the_encoder_statistics():
       np.testing.assert_allclose(leaf, mean, rtol=1e-6)
     jax.tree.map(np.testing.assert_array_equal, o['head_0'], b['head_0'])  # heads keep theirs
   # The linearised clients keep every client's statistics; no program at all.
-  assert rounds.stats_program(train.build(_smoke())) is None
+  assert dense_engine.programs(experiment.build(_smoke())).stats_fn is None
 
 
 def test_ntkfedavg_dense_round(tmp_path):
@@ -146,8 +147,8 @@ def test_ntkfedavg_dense_round(tmp_path):
   and every batch-norm statistic are where they started, the saliency metric is
   MaT-FL's mIoU."""
   cfg = _smoke(num_rounds=1, eval_every=1)
-  exp = train.build(cfg)
-  init = jax.device_get(train.init_state(exp))
+  exp = experiment.build(cfg)
+  init = jax.device_get(experiment.init_state(exp))
   out = train.train_and_evaluate(cfg, str(tmp_path / 'wd'))
   st = jax.device_get(out['state'])
   enc = experiment.views(exp, [g.params for g in st.groups], 'encoder')
@@ -162,7 +163,7 @@ def test_ntkfedavg_dense_round(tmp_path):
   assert all(np.isfinite(r['value']) for r in out['eval'])
   # Evaluation B (the linear model around each client's round-start backbone, which
   # its client part keeps) is logged beside A; at its own point it is model A.
-  rows = train.report.read_jsonl(str(tmp_path / 'wd' / 'metrics.jsonl'))
+  rows = report.read_jsonl(str(tmp_path / 'wd' / 'metrics.jsonl'))
   lin = [r for r in rows if r['type'] == 'eval_linear']
   assert {(r['client'], r['task'], r['metric']) for r in lin} == {
       (r['client'], r['task'], r['metric']) for r in out['eval']}
@@ -170,12 +171,12 @@ def test_ntkfedavg_dense_round(tmp_path):
   state = out['state']
   at_point = state.replace(groups=[g.replace(client={'point': {
       k: v for k, v in g.params.items() if not k.startswith('head_')}}) for g in state.groups])
-  from fedjax_mtl import feeds
-  feed = feeds.InMemoryFeed(exp)
-  a, _ = feed.eval_outputs(at_point)
-  b, _ = feed.eval_outputs(at_point, linear=True)
+  engine = dense_engine.DenseEngine(exp)
+  engine.open(0)
+  a, _ = engine.eval_outputs(at_point)
+  b, _ = engine.eval_outputs(at_point, linear=True)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5), a, b)
-  b_trained, _ = feed.eval_outputs(state, linear=True)
+  b_trained, _ = engine.eval_outputs(state, linear=True)
   assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(b_trained)))
 
 
@@ -213,20 +214,21 @@ def test_table1_script_takes_the_max_over_rounds_of_the_task_mean(tmp_path, monk
 
 def test_ntkfedprox_adds_the_proximal_term_on_the_backbone_only():
   from fedjax_mtl.errors import ConfigError
-  exp = train.build(_smoke(**{'ntkfedavg.mu': 1.0}))
+  exp = experiment.build(_smoke(**{'ntkfedavg.mu': 1.0}))
   client = exp.algorithm.client
   assert client.forward is base.linearized_forward and client.loss is not None
   labels = exp.labels[0]
   params = jax.tree.map(lambda x: jnp.ones(x.shape[1:]), jax.eval_shape(
-      lambda: train.init_state(exp)).groups[0].params)
+      lambda: experiment.init_state(exp)).groups[0].params)
   start = jax.tree.map(jnp.zeros_like, params)
   ctx = base.ClientCtx(params=params, start=start, state=(), server_rows={}, labels=labels,
                        batch={})
   n_enc = sum(x.size for x in jax.tree.leaves(params['encoder']))
   assert float(client.loss(ctx)) == pytest.approx(0.5 * n_enc)  # heads are not pulled
-  assert train.build(_smoke()).algorithm.client.loss is None
+  assert experiment.build(_smoke()).algorithm.client.loss is None
+  from fedjax_mtl import validate  # the declared range: refused before anything is built
   with pytest.raises(ConfigError, match='ntkfedavg.mu=-1.0 is out of range'):
-    train.build(_smoke(**{'ntkfedavg.mu': -1.0}))
+    validate.check_config(_smoke(**{'ntkfedavg.mu': -1.0}))
 
 
 @pytest.mark.parametrize('field, value, message', [

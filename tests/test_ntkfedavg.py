@@ -18,7 +18,7 @@ from test_manytask import _round1, tiny
 
 @pytest.fixture(scope='module')
 def vit():
-  run = run_lib.build(tiny())
+  run = run_lib.build_run(tiny())
   forward = model_lib.make_forward(run.model, np.asarray(run.setting.num_classes))
   images = jnp.asarray(run.data.train[0][0][:6])
   apply = lambda p, bs, x, key: forward(run.backbone, p, x, 0)
@@ -120,8 +120,8 @@ def test_without_linearisation_the_round_is_the_uniform_mean_of_the_local_round(
   """FedAvg and NTKFedAvg differ only in the forward: with the plain forward, the
   round's adapters are start + α · the uniform mean of the Local round's task
   vectors (client 1 negated); with the linearised one they differ."""
-  loc, _ = _round1(run_lib.build(tiny('local')))
-  run = run_lib.build(_ntk(**{'ntkfedavg.linearize': False, 'ntkfedavg.negate': '1',
+  loc, _ = _round1(run_lib.build_run(tiny('local')))
+  run = run_lib.build_run(_ntk(**{'ntkfedavg.linearize': False, 'ntkfedavg.negate': '1',
                               'ntkfedavg.server_lr': 0.5}))
   st = run.setting
   slots = st.schedule[0]
@@ -135,7 +135,7 @@ def test_without_linearisation_the_round_is_the_uniform_mean_of_the_local_round(
     start = np.asarray(run.trainable[k], np.float64)
     want = start + 0.5 * np.tensordot(s, trained - start, (0, 0)) / real.sum()
     np.testing.assert_allclose(v, want, rtol=1e-4, atol=1e-6)
-  lin, out = _round1(run_lib.build(_ntk()))
+  lin, out = _round1(run_lib.build_run(_ntk()))
   assert all(np.isfinite(np.asarray(v)).all() for v in lin.shared.values())
   # The heads start at zero; linearising them too would freeze the adapters (J_c = 0).
   assert all(not np.allclose(lin.shared[k], run.trainable[k]) for k in lin.shared
@@ -205,16 +205,17 @@ def test_alpha_sweep_is_the_linear_model_along_the_line(vit):
 def test_evaluation_b_is_logged_and_is_the_model_at_its_linearisation_point(tmp_path):
   """A linearised NTKFedAvg run logs the linear model (evaluation B) beside the model
   (A) at every evaluation; evaluated with c = the current server model, B is A."""
+  from fedjax_mtl import train
   from fedjax_mtl.report import read_jsonl
   cfg = _ntk(**{'num_rounds': 1, 'optim.lr': 0.05})
-  out = run_lib.train_and_evaluate(cfg, str(tmp_path / 'w'))
+  out = train.train_and_evaluate(cfg, str(tmp_path / 'w'))
   rows = [r for r in read_jsonl(str(tmp_path / 'w' / 'metrics.jsonl')) if r['type'] == 'eval']
   metrics = {r['metric'] for r in rows}
   assert metrics == {'accuracy', 'loss', 'accuracy_linear', 'loss_linear'}
   a = {r['task']: r['value'] for r in rows if r['metric'] == 'loss'}
   b = {r['task']: r['value'] for r in rows if r['metric'] == 'loss_linear'}
   assert a.keys() == b.keys() and any(abs(a[t] - b[t]) > 1e-3 for t in a)
-  run = run_lib.build(cfg)
+  run = run_lib.build_run(cfg)
   test = run_lib.concat_split(run.data.test)
   state = out['state']
   same = run_lib.evaluate(run, state, test, start=state.shared)
@@ -222,7 +223,7 @@ def test_evaluation_b_is_logged_and_is_the_model_at_its_linearisation_point(tmp_
   np.testing.assert_allclose(get('loss_linear'), get('loss'), rtol=1e-4)
   np.testing.assert_allclose(get('accuracy_linear'), get('accuracy'))
   # FedAvg (the plain forward) logs no evaluation B.
-  assert run_lib.build(_ntk(**{'ntkfedavg.linearize': False})).eval_linear_fn is None
+  assert run_lib.build_run(_ntk(**{'ntkfedavg.linearize': False})).eval_linear_fn is None
 
 
 def test_config_benchmark_b_gives_one_client_per_task():
@@ -308,7 +309,7 @@ def test_zero_shot_head_is_applied_after_the_linearised_embedding(tmp_path):
   heads = {'digits': rng.standard_normal((16, 10)), 'shapes': rng.standard_normal((16, 6))}
   path = str(tmp_path / 'heads.npz')
   zeroshot.save_heads(path, heads, logit_scale=np.log(50.))
-  run = run_lib.build(_ntk(**{'many.tasks': 'digits,shapes', 'many.model': 'clip_tiny_test',
+  run = run_lib.build_run(_ntk(**{'many.tasks': 'digits,shapes', 'many.model': 'clip_tiny_test',
                               'many.resolution': 32, 'many.heads': path}))
   state = run_lib.init_state(run)
   c = dict(state.shared)
@@ -336,7 +337,7 @@ def test_pretrained_linearisation_point_is_the_origin_every_round():
   ablation); clients still start from the server model. Round 1 starts at θ_0, so
   both points give the same round; from round 2 on they differ."""
   from fedjax_mtl.manytask.feed import RoundFeed
-  runs = [run_lib.build(_ntk(**{'ntkfedavg.point': p, 'optim.lr': 0.05}))
+  runs = [run_lib.build_run(_ntk(**{'ntkfedavg.point': p, 'optim.lr': 0.05}))
           for p in ('server', 'pretrained')]
   states = []
   for run in runs:
@@ -363,7 +364,7 @@ def test_task_epochs_give_each_tasks_pairs_their_own_local_epochs():
   assert idx.shape == (12, 2) and np.asarray(mask).tolist() == [1, 1, 1, 0] * 2 + [0] * 4
   cfg = tiny('ntkfedavg')
   cfg.many.task_epochs = 'shapes=3'
-  run = run_lib.build(cfg)
+  run = run_lib.build_run(cfg)
   epochs = setting_lib.task_epochs(cfg.many, run.setting.tasks)
   assert epochs.tolist() == [3 if t == 'shapes' else 1 for t in run.setting.tasks]
   _, out = _round1(run)
@@ -390,8 +391,8 @@ def test_in_run_alpha_tuning_picks_the_best_step_on_held_out_data():
   from fedjax_mtl.manytask import setting as setting_lib
   over = {'ntkfedavg.tune_alpha': True, 'ntkfedavg.alpha_grid': '0.5,1,3',
           'ntkfedavg.val_fraction': 0.15, 'many.num_train': 240}
-  run = run_lib.build(_ntk(**over))
-  plain = run_lib.build(_ntk(**{'many.num_train': 240}))
+  run = run_lib.build_run(_ntk(**over))
+  plain = run_lib.build_run(_ntk(**{'many.num_train': 240}))
   held = np.diff(np.append(np.asarray(run.val[2]), run.val[1].shape[0]))
   for (_, y), (_, y0), k in zip(run.data.train, plain.data.train, held):
     assert k == int(0.15 * len(y0)) and len(y) + k == len(y0)  # out of the clients' data
@@ -416,8 +417,8 @@ def test_in_run_alpha_tuning_picks_the_best_step_on_held_out_data():
   np.testing.assert_allclose(log['alpha_val_accuracy'], got, atol=1e-4)
   assert max(got) > 0
   with pytest.raises(ConfigError, match='leave ntkfedavg.server_lr at 1'):
-    run_lib.build(_ntk(**over, **{'ntkfedavg.server_lr': 2.}))
+    run_lib.build_run(_ntk(**over, **{'ntkfedavg.server_lr': 2.}))
   with pytest.raises(ConfigError, match="alpha_grid entry 'x'"):
-    run_lib.build(_ntk(**{**over, 'ntkfedavg.alpha_grid': '1,x'}))
+    run_lib.build_run(_ntk(**{**over, 'ntkfedavg.alpha_grid': '1,x'}))
   with pytest.raises(ConfigError, match='needs ntkfedavg.linearize=True'):
-    run_lib.build(_ntk(**over, **{'ntkfedavg.linearize': False}))
+    run_lib.build_run(_ntk(**over, **{'ntkfedavg.linearize': False}))

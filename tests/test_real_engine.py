@@ -14,7 +14,8 @@ import pytest
 import agreement
 from conftest import tiny_config
 from fake_datasets import make_nyud, make_pascal
-from fedjax_mtl import experiment, feeds, local, scenarios, train
+from fedjax_mtl import experiment, local_training, scenarios, sources, train
+from fedjax_mtl.engines import dense
 from fedjax_mtl.data import cache as cache_lib
 from fedjax_mtl.data import real
 from fedjax_mtl.data import transforms as T
@@ -63,7 +64,7 @@ def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, full_run, tmp
   full, full_wd = full_run
   rows = [json.loads(l) for l in open(full_wd / 'metrics.jsonl')]
   evals = {(r['client'], r['task']) for r in rows if r['type'] == 'eval' and r['round'] == 2}
-  exp = train.build(cfg)
+  exp = experiment.build(cfg)
   assert evals == {(c.name, t) for c in exp.fed.clients for t in c.tasks}
   assert all(np.isfinite(r['value']) for r in rows if r['type'] == 'eval')
   train_rows = [r for r in rows if r['type'] == 'train']
@@ -73,7 +74,8 @@ def test_real_run_resumes_bitwise_and_reports_every_task(data_dir, full_run, tmp
     steps = {r['steps'] for r in train_rows if r['client'] == c.name}
     assert steps == {c.local_epochs * (c.num_train // cfg.batch_size)}
   # Chunk trainers and the aggregation were traced once each.
-  assert all(f._cache_size() == 1 for f in exp.compiled['chunk_fns'] + [exp.compiled['agg_fn_streamed']])
+  programs = dense.programs(exp)
+  assert all(f._cache_size() == 1 for f in programs.chunk_fns + [programs.agg_fn_streamed])
   # Interrupt after round 1, resume with other reader settings: same result.
   part = str(tmp_path / 'part')
   out = train.train_and_evaluate(cfg, part, stop_after=1)
@@ -108,7 +110,7 @@ def test_flower_clients_train_their_own_streamed_rows_as_the_engine(data_dir, fu
 
 def test_parts_client_keeps_images_with_humans(data_dir):
   cfg = real_config(data_dir)
-  exp = train.build(cfg)
+  exp = experiment.build(cfg)
   flags = np.asarray(cache_lib.read_meta(os.path.join(data_dir, 'cache', 'pascal_train'))
                      ['has_human_parts'], bool)
   parts = [c for c in exp.fed.clients if c.tasks == ('human_parts',)]
@@ -121,8 +123,8 @@ def test_parts_client_keeps_images_with_humans(data_dir):
 def test_a_process_reads_only_its_rows_of_each_chunk(data_dir):
   # A multi-process run's feed (`TrainChunks.rows`, from distributed.local_rows): the
   # same samples as the one-process chunk's rows, and nothing of the other clients.
-  exp = train.build(real_config(data_dir))
-  chunks = feeds.make_feed(exp).train_chunks
+  exp = experiment.build(real_config(data_dir))
+  chunks = sources.make_source(exp).train_chunks
   rows = [slice(1, 3) if s.num_total > 2 else slice(0, 1) for s in chunks.specs]
   mine = real.TrainChunks(chunks.specs, chunks.sources, 2, chunks.size_of, chunks.seed,
                           chunks.transforms_of, rows=rows)
@@ -140,8 +142,8 @@ def test_a_process_reads_only_its_rows_of_each_chunk(data_dir):
 
 
 def test_train_chunks_are_deterministic_and_masked(data_dir):
-  exp = train.build(real_config(data_dir))
-  chunks = feeds.make_feed(exp).train_chunks
+  exp = experiment.build(real_config(data_dir))
+  chunks = sources.make_source(exp).train_chunks
   assert len(chunks) == 2 * chunks.per_round
   el = chunks[chunks.offset(1)]
   again = real.TrainChunks(chunks.specs, chunks.sources, 2, chunks.size_of, chunks.seed,
@@ -190,7 +192,7 @@ def test_device_normalisation_equals_reference_normalise_then_pad():
   canvas = {k: np.full((3,) + shape, fill, dtype) for k, (shape, dtype, fill) in fields.items()}
   for b, smp in enumerate(samples):
     real.place(canvas, (b,), T.add_ignore_regions(smp))
-  got = np.asarray(local.normalize_image(jnp.asarray(canvas['image']),
+  got = np.asarray(local_training.normalize_image(jnp.asarray(canvas['image']),
                                          jnp.asarray(canvas['box'])))
   for b, smp in enumerate(samples):
     want = T.apply_transforms(smp, T.eval_transforms(size))
@@ -204,26 +206,26 @@ def test_chunk_trainer_matches_in_memory_trainer():
   the same steps in another program (a scan over chunks of 3 steps), so under SGD the
   same state to rounding (agreement.py)."""
   cfg = tiny_config('local', **agreement.SGD)
-  exp = train.build(cfg)
-  state = train.init_state(exp)
-  train_data, _ = feeds.device_data(exp)
+  exp = experiment.build(cfg)
+  state = experiment.init_state(exp)
+  train_data, _ = sources.device_data(exp)
   g, rnd, key = 0, 2, jax.random.PRNGKey(3)
   spec = exp.fed.groups[g]
-  group_trainer = jax.jit(local.make_group_trainer(
+  group_trainer = jax.jit(local_training.make_group_trainer(
       spec, exp.models_train[g], exp.tx, cfg.optim, cfg.batch_size, cfg.num_rounds,
       exp.algorithm, exp.labels[g]))
   want, want_m = group_trainer(state.groups[g], train_data[spec.dataset]['train'],
                                jnp.int32(rnd), key)
   # The in-memory plan (same keys as inside the trainer), fed as chunks of 3 steps.
   keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(spec.num_total))
-  idx, mask = jax.vmap(lambda r, c, k: local.client_plan(
+  idx, mask = jax.vmap(lambda r, c, k: local_training.batch_plan(
       r, c, jax.random.fold_in(k, 0), spec.local_epochs, cfg.batch_size))(
           jnp.asarray(spec.index_table), jnp.asarray(spec.counts), keys)
   idx, mask = np.asarray(idx), np.asarray(mask)
   arrays = exp.data[spec.dataset]['train']
   total = idx.shape[1]
   s_per = total // spec.local_epochs
-  chunk_trainer = jax.jit(local.make_chunk_trainer(spec, exp.models_train[g], exp.tx,
+  chunk_trainer = jax.jit(local_training.make_chunk_trainer(spec, exp.models_train[g], exp.tx,
                                                    cfg.optim, cfg.num_rounds, exp.algorithm,
                                                    exp.labels[g]))
   gs = state.groups[g]
@@ -259,18 +261,18 @@ def test_chunk_trainer_matches_in_memory_trainer():
 def test_real_data_errors(data_dir, tmp_path, monkeypatch):
   monkeypatch.delenv(real.ENV_DATA_DIR, raising=False)
   with pytest.raises(ConfigError, match='needs a data dir'):
-    train.build(real_config(''))
+    experiment.build(real_config(''))
   with pytest.raises(ConfigError, match='does not exist'):
-    train.build(real_config(str(tmp_path / 'nope')))
+    experiment.build(real_config(str(tmp_path / 'nope')))
   # The environment variable stands in for data.data_dir.
   monkeypatch.setenv(real.ENV_DATA_DIR, data_dir)
   assert real.resolve_data_dir(real_config('')) == data_dir
   empty = tmp_path / 'empty'
   empty.mkdir()
   with pytest.raises(ConfigError, match='prepare_data.py --dataset nyud'):
-    train.build(real_config(str(empty)))
+    experiment.build(real_config(str(empty)))
   with pytest.raises(ConfigError, match='exceed data.resolution'):
-    feeds.make_feed(train.build(real_config(data_dir, **{
+    sources.make_source(experiment.build(real_config(data_dir, **{
         'data.resolution': {'pascal': (32, 32), 'nyud': (32, 64)}})))
 
 

@@ -142,9 +142,9 @@ def _tiny_individual():
 
 @pytest.fixture(scope='module')
 def tiny_run(tmp_path_factory):
-  from fedjax_mtl.manytask import run as run_lib
+  from fedjax_mtl import train
   workdir = str(tmp_path_factory.mktemp('individual'))
-  run_lib.train_and_evaluate(_tiny_individual(), workdir)
+  train.train_and_evaluate(_tiny_individual(), workdir)
   return workdir
 
 

@@ -89,8 +89,7 @@ def test_a_second_main_on_a_held_workdir_exits_2_with_one_line(tmp_path):
 
 
 def test_compare_and_flower_respect_the_lock(tmp_path):
-  sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-  import compare
+  from fedjax_mtl import compare
   from fedjax_mtl.flower import simulate
   from conftest import tiny_config
   run = tmp_path / 'out' / 'fedavg' / 'seed0'

@@ -1,10 +1,14 @@
 """Flower adapter (`pip install ".[flower]"`): a run of this package as a Flower
-federation, with the same configs.
+federation, with the same configs, in either setting: dense (FedHCA2's hetero
+clients, `configs/hca2.py`) and many-task (MaTU's, `configs/matu.py`,
+`configs/fedavg.py:mini8`), one Flower node per client.
 
-- `server.EngineStrategy` / `server.app`: the `ServerApp`, calling the algorithm's
-  jitted server rule on the clients' uploads.
+- `server.make_strategy` / `server.app`: the `ServerApp`, calling the algorithm's
+  jitted server rule on the clients' uploads (`server.EngineStrategy`, dense;
+  `many_task.ManyTaskStrategy`, many-task: the engine's round cut at its seam, the
+  aggregation and the evaluation on the server).
 - `client.app`: the `ClientApp`, training one client with the jitted local trainer
-  on its own data.
+  on its own data (many-task: its (client, task) pairs' slots, `many_task.py`).
 - `simulate.simulate(config)` / `python -m fedjax_mtl.flower --config=...`: both in
   Flower's simulation engine, one virtual node per client; `simulate.in_process`:
   the same message contents without Flower, one node after the other.

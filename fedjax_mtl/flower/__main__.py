@@ -1,6 +1,6 @@
 """`python -m fedjax_mtl.flower --config=configs/hca2.py:smoke --workdir=runs/flower`:
 the run in Flower's simulation engine (one virtual SuperNode per client, the
-ClientApps in Ray workers), with `python -m fedjax_mtl.main`'s flags: `--config`
+ClientApps in Ray workers; either setting, e.g. `--config=configs/matu.py:smoke`), with `python -m fedjax_mtl.main`'s flags: `--config`
 and its `--config.<field>=<value>` overrides, `--workdir` (metrics.jsonl and the
 results tables; a Flower run does not resume, so the workdir must be new),
 `--xla_cache_dir`, `--cpu_isa`. `--num_workers`: Ray workers (default: every core).

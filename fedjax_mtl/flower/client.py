@@ -1,12 +1,14 @@
 """The Flower `ClientApp`: one client of the run's federation, trained by this
-package's jitted local trainer on the client's own data.
+package's jitted local trainer on the client's own data, in either setting: the
+dense setting here, the many-task setting's client (stateless, its (client,
+task) pairs' slots) in `many_task.py`, picked by the config's `setting`.
 
 The client is the engine's client `partition-id` (Flower's node config). Its
-state (params, batch-norm statistics, optimizer and client-part state, a
+dense state (params, batch-norm statistics, optimizer and client-part state, a
 personal model) stays on the node between rounds (`Context.state`); each round
 it receives its rows of the shared roles and of the server's per-row state,
 trains exactly as its row of the engine's client group would (same batches,
-dropout keys and learning rates: `local.GroupRows`; on real data the chunks of
+dropout keys and learning rates: `local_training.GroupRows`; on real data the chunks of
 its row, streamed from its own images), runs the algorithm's client
 finalize and uploads its rows of the shared roles with its step count and
 first/last losses. Evaluation scores its model on its test split.
@@ -28,12 +30,13 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedjax_mtl import evaluate, feeds, local, rounds
+from fedjax_mtl import evaluate, local_training, rounds, sources
 from fedjax_mtl.data import real
+from fedjax_mtl.engines.dense import zero_accs
 from fedjax_mtl.algorithms.base import merge_view, role_view
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.experiment import init_state
-from fedjax_mtl.flower import codec, runtime
+from fedjax_mtl.flower import codec, many_task, runtime
 from fedjax_mtl.state import FedState, GroupState
 
 PyTree = Any
@@ -49,7 +52,7 @@ class ClientRuntime:
     self.config = config
     self.exp = exp = runtime.build(config)
     # Synthetic data on device; real data streams from the client's own images.
-    self.train_data, self.test_data = (None, None) if exp.streamed else feeds.device_data(exp)
+    self.train_data, self.test_data = (None, None) if exp.streamed else sources.device_data(exp)
     self.init = init_state(exp)
     self._train: dict[int, Any] = {}
     self._eval: dict[Any, Any] = {}
@@ -78,28 +81,28 @@ class ClientRuntime:
       exp = self.exp
       g, j = self.locate(client)
       spec = exp.fed.groups[g]
-      sources = [real.client_source(self.config, exp.fed.clients[c]) if c == client else None
+      readers = [real.client_source(self.config, exp.fed.clients[c]) if c == client else None
                  for c in spec.client_ids]
       self._chunks[client] = real.TrainChunks(
-          [feeds.group_feed_spec(exp, spec)], [sources], self.config.num_rounds,
-          feeds.sizes(exp), int(self.config.data.seed), feeds.train_transforms(exp),
+          [sources.group_feed_spec(exp, spec)], [readers], self.config.num_rounds,
+          sources.sizes(exp), int(self.config.data.seed), sources.train_transforms(exp),
           rows=[slice(j, j + 1)])
     return self._chunks[client]
 
   def chunk_program(self, g: int):
     """Jitted `(state, start, acc, chunk, rng, round, ids) -> (state, acc)` of group g:
-    one chunk of the client's local round (`local.make_chunk_trainer`), and the
+    one chunk of the client's local round (`local_training.make_chunk_trainer`), and the
     jitted finalize `(state, start) -> (state, uploads)`."""
     if g not in self._train:
       exp, cfg = self.exp, self.config
-      trainer = local.make_chunk_trainer(exp.fed.groups[g], exp.models_train[g], exp.tx,
+      trainer = local_training.make_chunk_trainer(exp.fed.groups[g], exp.models_train[g], exp.tx,
                                          cfg.optim, cfg.num_rounds, exp.algorithm, exp.labels[g])
 
       def run(cs, start, acc, chunk, rng, rnd, ids):
         key = rounds.group_key(FedState(round=rnd, rng=rng, groups=[]), g)
         return trainer(cs, start, acc, chunk, key, rnd, ids=ids)
 
-      finalize = lambda cs, start: local.finalize_group(exp.algorithm, cs, start)
+      finalize = lambda cs, start: local_training.finalize_group(exp.algorithm, cs, start)
       self._train[g] = (jax.jit(run, donate_argnums=(0, 2)), jax.jit(finalize))
     return self._train[g]
 
@@ -110,12 +113,12 @@ class ClientRuntime:
     chunks = self.chunks(client)
     step, finalize = self.chunk_program(g)
     start = jax.device_put(cs.params)
-    cs, acc = jax.device_put(cs), jax.device_put(feeds.zero_accs(spec, 1))
+    cs, acc = jax.device_put(cs), jax.device_put(zero_accs(spec, 1))
     ids = jnp.asarray([j], jnp.int32)
     feed = real.iterate(chunks, chunks.offset(rnd - 1), threads=self.threads)
     try:
       for el in itertools.islice(feed, chunks.per_round):
-        cs, acc = step(cs, start, acc, feeds.chunk_arrays(el), self.init.rng,
+        cs, acc = step(cs, start, acc, sources.chunk_arrays(el), self.init.rng,
                        jnp.int32(rnd - 1), ids)
     finally:
       feed.close()
@@ -127,19 +130,19 @@ class ClientRuntime:
 
   def train_program(self, g: int):
     """Jitted `(state, data, round, rng, rows) -> (state, uploads, metrics)` of group g:
-    the client's local round (`local.make_group_trainer(...).rows`) and the client
+    the client's local round (`local_training.make_group_trainer(...).rows`) and the client
     part's finalize against the params it started from."""
     if g not in self._train:
       exp, cfg = self.exp, self.config
       spec = exp.fed.groups[g]
-      trainer = local.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
+      trainer = local_training.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
                                          cfg.batch_size, cfg.num_rounds, exp.algorithm,
                                          exp.labels[g])
 
       def run(cs, data, rnd, rng, rows):
         key = rounds.group_key(FedState(round=rnd, rng=rng, groups=[]), g)
         trained, metrics = trainer.rows(cs, data, rnd, key, rows)
-        trained, uploads = local.finalize_group(exp.algorithm, trained, cs.params)
+        trained, uploads = local_training.finalize_group(exp.algorithm, trained, cs.params)
         return trained, uploads, metrics
 
       self._train[g] = jax.jit(run)
@@ -168,7 +171,7 @@ class ClientRuntime:
       fn = self.train_program(g)
       trained, uploads, metrics = fn(cs, self.train_data[spec.dataset]['train'],
                                      jnp.int32(rnd - 1), self.init.rng,
-                                     local.group_rows(spec, (j,)))
+                                     local_training.group_rows(spec, (j,)))
     labels = self.exp.labels[g]
     pieces = {r: codec.client_piece(role_view(uploads, labels, r), r)
               for r in self.exp.algorithm.shared_roles}
@@ -205,7 +208,7 @@ class ClientRuntime:
   def test_source(self, spec):
     """The test split's batches of `spec`'s dataset, with the labels its tasks need."""
     if spec.dataset not in self._tests:
-      self._tests[spec.dataset] = feeds.eval_source(self.exp, spec.dataset, spec.tasks_used)
+      self._tests[spec.dataset] = sources.eval_source(self.exp, spec.dataset, spec.tasks_used)
     return self._tests[spec.dataset]
 
 
@@ -298,7 +301,7 @@ def evaluate_reply(rt: ClientRuntime, client: int, kept, content: RecordDict) ->
 
 def make_client_app(config=None) -> ClientApp:
   """A `ClientApp` acting as engine client `partition-id` of the run `config`
-  describes; without `config`, the node reads it from its run config
+  describes (either setting); without `config`, the node reads it from its run config
   (`config='configs/hca2.py:smoke'`, optional `overrides` = JSON of dotted fields)."""
   app = ClientApp()
 
@@ -316,13 +319,20 @@ def make_client_app(config=None) -> ClientApp:
     if diffs:
       raise ConfigError(f'client {client}: its config differs from the server\'s in '
                         f'{", ".join(diffs)}')
-    rt = client_runtime(cfg)
-    rt.locate(client)
+    if runtime.is_many_task(cfg):
+      many_task.client_runtime(cfg).check_client(client)
+    else:
+      client_runtime(cfg).locate(client)
     return Message(RecordDict({'client': ConfigRecord({'client': client})}), reply_to=msg)
 
   @app.train()
   def train(msg: Message, context: Context) -> Message:
-    rt = client_runtime(config_of(context))
+    cfg = config_of(context)
+    if runtime.is_many_task(cfg):  # stateless: nothing kept between rounds
+      reply = many_task.train_reply(many_task.client_runtime(cfg), partition_id(context),
+                                    msg.content)
+      return Message(reply, reply_to=msg)
+    rt = client_runtime(cfg)
     kept, reply = train_reply(rt, partition_id(context), context.state.get(STATE_KEY),
                               msg.content)
     context.state[STATE_KEY] = kept

@@ -23,9 +23,11 @@ PyTree = Any
 
 # Fields that may differ between the server and a client: where each keeps its data
 # and caches, and how many devices each trains on (one client's rows train alike on
-# any number of devices).
+# any number of devices); in the many-task setting also how the engine would feed
+# the training set (a Flower client gathers its own samples).
 LOCAL_FIELDS = ('num_devices', 'data.data_dir', 'data.cache_dir', 'data.workers',
-                'data.threads', 'progress', 'tensorboard')
+                'data.threads', 'progress', 'tensorboard', 'many.data_dir', 'many.cache_dir',
+                'many.feed')
 
 
 def to_record(tree: PyTree) -> ArrayRecord:

@@ -1,6 +1,8 @@
-"""The Flower `ServerApp`: a `Strategy` that runs this package's server rules.
+"""The Flower `ServerApp`: a `Strategy` that runs this package's server rules, in
+either setting (`make_strategy`): `EngineStrategy` for the dense setting (here),
+`many_task.ManyTaskStrategy` for the many-task setting.
 
-`EngineStrategy` keeps what the engine's server keeps: every shared role's
+`EngineStrategy` keeps what the dense engine's server keeps: every shared role's
 stacked rows (encoders and heads one row per client, decoders one row per task
 decoder; personalised rules such as FedHCA2 give every client its own rows),
 the rule's replicated state (FedHCA2's α/β and their optimizer) and its
@@ -10,10 +12,10 @@ part, jitted, on them: the same `ServerInputs` the engine's round builds (the
 rows the clients started from, their uploads, example and step counts,
 first/last losses), in the same row blocks.
 
-Before the first round a handshake (`query` messages) maps Flower nodes to the
-federation's clients (`partition-id`) and has every client compare its config
-with the server's: a client whose config differs refuses, naming the fields,
-and the run stops with that line.
+Before the first round a handshake (`nodes.NodeStrategy.handshake`) maps Flower
+nodes to the run's clients (`partition-id`) and has every client compare its
+config with the server's: a client whose config differs refuses, naming the
+fields, and the run stops with that line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 from logging import INFO
 from typing import Any, Iterable
 
@@ -30,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from fedjax_mtl import federation, report
@@ -38,7 +38,7 @@ from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.algorithms.base import ServerInputs, ServerState, stack, unstack
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.experiment import init_state, views
-from fedjax_mtl.flower import codec, runtime
+from fedjax_mtl.flower import codec, many_task, nodes, runtime
 
 PyTree = Any
 
@@ -57,49 +57,14 @@ def config_from_run(run_config) -> Any:
   return config
 
 
-def _nbytes(content: Message | RecordDict) -> int:
-  """Bytes of the arrays a message (or its content) carries."""
-  content = content.content if isinstance(content, Message) else content
-  return sum(len(a.data) for rec in content.array_records.values() for a in rec.values())
-
-
-def _reason(text: str) -> str:
-  """The message of the exception a ClientApp raised, from the error reason Flower
-  reports (a remote traceback in simulation, "<class '...'>:<'message'>" elsewhere)."""
-  text = re.sub(r'\x1b\[[0-9;]*m', '', text)
-  raised = re.findall(r'^[\w.]+(?:Error|Exception): (.+)$', text, re.M)
-  raised = [r for r in raised if r.strip()]
-  if raised:
-    return raised[0].strip()
-  if ":<'" in text:
-    return text.split(":<'", 1)[1].rstrip("'>")
-  lines = [line for line in text.splitlines() if line.strip()]
-  return lines[-1].strip() if lines else text
-
-
-def _reply_errors(replies: list[Message], clients: dict[int, int] | None) -> list[str]:
-  """One line per failed reply: its reason, after the client (`clients`: node ->
-  client) or the node it came from (None: the reason names its client)."""
-  out = []
-  for m in replies:
-    if m.has_error():
-      node = m.metadata.src_node_id
-      reason = _reason(m.error.reason)
-      if clients is not None:
-        reason = (f'client {clients[node]}' if node in clients else f'node {node}') + ': ' + reason
-      out.append(reason)
-  return out
-
-
-class EngineStrategy(Strategy):
+class EngineStrategy(nodes.NodeStrategy):
   """A Flower strategy running `config`'s algorithm (its server part, jitted) over
   the federation's clients, one Flower node per client."""
 
   def __init__(self, config, timeout: float = 3600.0):
-    self.config = config
     self.exp = exp = runtime.build(config)
-    self.timeout = timeout
     fed, alg = exp.fed, exp.algorithm
+    super().__init__(config, fed.num_clients, timeout)
     state = init_state(exp)
     params = [gs.params for gs in state.groups]
     self.views = jax.device_get({r: views(exp, params, r) for r in alg.shared_roles})
@@ -108,16 +73,11 @@ class EngineStrategy(Strategy):
         r: federation.gather_rows([gs.server_rows[r] for gs in state.groups], fed, r)
         for r in (first.keys() if first else ())})
     self.shared = state.server
-    self.nodes: dict[int, int] = {}  # client -> node id
     # metrics.jsonl rows, as the engine writes them
     self.records: list[dict] = [{'round': 0, 'type': 'meta',
                                  'clients': [c.name for c in fed.clients],
                                  'decoders': list(fed.decoder_names)}]
     self._apply = jax.jit(self._server_apply)
-    # Per round: seconds building the messages, waiting for the clients (their
-    # training and Flower's transport), aggregating (decoding the uploads, the rule),
-    # each client's own decode + local round; array bytes sent and received.
-    self.timing: list[dict] = []
 
   # -- the rule -----------------------------------------------------------------
 
@@ -157,61 +117,7 @@ class EngineStrategy(Strategy):
     return [Message(content=self.client_content(c, rnd), message_type=kind, dst_node_id=n)
             for c, n in sorted(self.nodes.items())]
 
-  def _replies(self, replies: Iterable[Message], what: str) -> dict[int, Message]:
-    """Replies by client; ConfigError naming every failed or missing client."""
-    replies = list(replies)
-    by_node = {n: c for c, n in self.nodes.items()}
-    errors = _reply_errors(replies, by_node)
-    got = {by_node[m.metadata.src_node_id]: m for m in replies if not m.has_error()}
-    missing = sorted(set(self.nodes) - set(got) - {by_node.get(m.metadata.src_node_id)
-                                                   for m in replies})
-    if missing:
-      errors.append(f'no reply within {self.timeout:.0f} s from client(s) '
-                    f'{", ".join(map(str, missing))}')
-    if errors:
-      raise ConfigError(f'{what} failed: ' + '; '.join(errors))
-    return got
-
-  def handshake(self, grid: Grid) -> None:
-    """Map nodes to clients and have every client check its config against ours."""
-    import time
-    n = self.exp.fed.num_clients
-    deadline = time.time() + self.timeout
-    while len(nodes := list(grid.get_node_ids())) < n:
-      if time.time() > deadline:
-        raise ConfigError(f'the run has {n} clients but only {len(nodes)} Flower nodes '
-                          f'connected within {self.timeout:.0f} s')
-      time.sleep(1)
-    if len(nodes) > n:
-      raise ConfigError(f'the run has {n} clients but {len(nodes)} Flower nodes are connected; '
-                        'start one SuperNode per client')
-    fields = codec.shared_fields(self.config)
-    msgs = [Message(content=RecordDict({'config': ConfigRecord({'fields': fields})}),
-                    message_type=MessageType.QUERY, dst_node_id=node) for node in nodes]
-    replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
-    errors = _reply_errors(replies, None)
-    if errors:
-      raise ConfigError('clients refused the run: ' + '; '.join(errors))
-    clients = {int(m.content['client']['client']): m.metadata.src_node_id for m in replies}
-    if sorted(clients) != list(range(n)):
-      raise ConfigError(f'the nodes hold partition-ids {sorted(clients)}; the run needs each '
-                        f'of 0..{n - 1} exactly once')
-    self.nodes = clients
-
   # -- Strategy -----------------------------------------------------------------
-
-  def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None,
-            num_rounds: int | None = None, timeout: float | None = None,
-            train_config: ConfigRecord | None = None,
-            evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
-    """The handshake, then Flower's round loop for `config.num_rounds` rounds (the
-    server's rows are the strategy's own; `initial_arrays` is not used)."""
-    if timeout is not None:
-      self.timeout = timeout
-    self.handshake(grid)
-    return super().start(grid, initial_arrays or ArrayRecord(),
-                         num_rounds or self.config.num_rounds, self.timeout, train_config,
-                         evaluate_config, evaluate_fn)
 
   def summary(self) -> None:
     fed = self.exp.fed
@@ -224,14 +130,14 @@ class EngineStrategy(Strategy):
     import time
     t0 = time.perf_counter()
     msgs = self._messages(server_round, MessageType.TRAIN)
-    self._sent = (t0, time.perf_counter(), sum(_nbytes(m) for m in msgs))
+    self._sent = (t0, time.perf_counter(), sum(nodes.nbytes(m) for m in msgs))
     return msgs
 
   def aggregate_train(self, server_round: int,
                       replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
     import time
     t_recv = time.perf_counter()
-    got = {c: m.content for c, m in self._replies(replies, f'round {server_round}').items()}
+    got = {c: m.content for c, m in self.replies(replies, f'round {server_round}').items()}
     return self.aggregate(server_round, got, t_recv)
 
   def aggregate(self, server_round: int, got: dict[int, RecordDict],
@@ -272,15 +178,11 @@ class EngineStrategy(Strategy):
     self.timing.append({'round': server_round, 'messages': t_sent - t0,
                         'clients': t_recv - t_sent, 'aggregate': time.perf_counter() - t_recv,
                         'client_train': metric('train_seconds').tolist(),
-                        'bytes_down': down, 'bytes_up': sum(_nbytes(m) for m in got.values())})
+                        'bytes_down': down, 'bytes_up': sum(nodes.nbytes(m) for m in got.values())})
     losses = [r['loss'] for r in self.records
               if r['type'] == 'train' and r['round'] == server_round]
     last = server_round == exp.config.num_rounds
     return (self.arrays() if last else None), MetricRecord({'train_loss': float(np.mean(losses))})
-
-  def evaluates(self, server_round: int) -> bool:
-    cfg = self.config
-    return server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds
 
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                          grid: Grid) -> Iterable[Message]:
@@ -292,7 +194,7 @@ class EngineStrategy(Strategy):
                          replies: Iterable[Message]) -> MetricRecord | None:
     if not self.evaluates(server_round):
       return None
-    got = self._replies(replies, f'evaluation of round {server_round}')
+    got = self.replies(replies, f'evaluation of round {server_round}')
     return self.collect_eval(server_round, {c: m.content for c, m in got.items()})
 
   def collect_eval(self, server_round: int, got: dict[int, RecordDict]) -> MetricRecord:
@@ -315,7 +217,7 @@ class EngineStrategy(Strategy):
   def write(self, workdir: str) -> None:
     """metrics.jsonl, results.md and results.csv of the run in `workdir` (the
     engine's formats: `scripts/compare.py` and the notebooks read them)."""
-    from fedjax_mtl.train import method_label
+    from fedjax_mtl.engines.dense import method_label
     os.makedirs(workdir, exist_ok=True)
     report.atomic_write(os.path.join(workdir, 'metrics.jsonl'), '')
     report.append_jsonl(os.path.join(workdir, 'metrics.jsonl'), self.records)
@@ -339,9 +241,17 @@ def claim_workdir(workdir: str, hold: contextlib.ExitStack) -> None:
                       'resume: use a new --workdir')
 
 
+def make_strategy(config, timeout: float = 3600.0) -> nodes.NodeStrategy:
+  """The strategy of `config`'s setting: `EngineStrategy` (dense) or
+  `many_task.ManyTaskStrategy`."""
+  if runtime.is_many_task(config):
+    return many_task.ManyTaskStrategy(config, timeout)
+  return EngineStrategy(config, timeout)
+
+
 def make_server_app(config=None, workdir: str | None = None,
                     holder: dict | None = None) -> ServerApp:
-  """A `ServerApp` running `EngineStrategy(config)`; without `config`, from the run
+  """A `ServerApp` running `make_strategy(config)`; without `config`, from the run
   config (`config_from_run`). `workdir`: where the run's metrics and tables go.
   `holder['strategy']` receives the strategy (`simulate` reads its results), and
   `holder['error']` an exception that stopped the run. A deployment's run config may
@@ -356,7 +266,7 @@ def make_server_app(config=None, workdir: str | None = None,
       with contextlib.ExitStack() as hold:
         if out:  # one writer: the workdir stays locked while the rounds run
           claim_workdir(str(out), hold)
-        strategy = EngineStrategy(cfg)
+        strategy = make_strategy(cfg)
         if holder is not None:
           holder['strategy'] = strategy
         strategy.start(grid)

@@ -1,5 +1,6 @@
 """A run in Flower's simulation engine: the `ServerApp` in this process, one virtual
-SuperNode per client, `ClientApp`s in Ray workers.
+SuperNode per client, `ClientApp`s in Ray workers; either setting (dense, or
+many-task with one node per many-task client).
 
     python -m fedjax_mtl.flower --config=configs/hca2.py:smoke --workdir=runs/flower
 
@@ -31,15 +32,16 @@ def backend_config(num_workers: int | None = None) -> dict:
 
 def simulate(config, workdir: str | None = None, num_workers: int | None = None,
              client_config=None, timeout: float = 3600.0):
-  """Run `config` in Flower's simulation engine; returns the `server.EngineStrategy`
-  (its `views`: the aggregated rows; `records`: the metrics rows; `timing`: where
-  each round's time went).
+  """Run `config` in Flower's simulation engine; returns the strategy
+  (`server.EngineStrategy`, its `views`: the aggregated rows; or
+  `many_task.ManyTaskStrategy`, its `state`: the engine's `ManyState`; both:
+  `records`, the metrics rows; `timing`, where each round's time went).
 
   `client_config`: the clients' config when it should differ from the server's
   (a test of the refusal). ConfigError for what the adapter cannot run, and for any
   failure reported by a client or the server.
   """
-  runtime.build(config)  # refuses what the adapter cannot run, before Ray starts
+  runtime.check(config)  # refuses what the adapter cannot run, before Ray starts
   from fedjax_mtl.flower import server
   with contextlib.ExitStack() as hold:
     if workdir:  # locked before Ray starts, until the run's files are written
@@ -61,7 +63,7 @@ def _simulate(config, workdir, num_workers, client_config):
   holder: dict = {}
   server_app = server.make_server_app(config, workdir, holder)
   client_app = client.make_client_app(client_config if client_config is not None else config)
-  n = runtime.build(config).fed.num_clients
+  n = runtime.num_clients(config)
   run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n,
                  backend_config=backend_config(num_workers))
   if 'error' in holder:
@@ -79,24 +81,46 @@ def _simulate(config, workdir, num_workers, client_config):
 def in_process(config, workdir: str | None = None):
   """The Flower run's message contents without Flower: the strategy and every client
   in this process, one after the other (what each node would compute, for debugging
-  a config before a deployment and for tests). Returns the `server.EngineStrategy`."""
-  from fedjax_mtl.flower import client, server
+  a config before a deployment and for tests). Returns the strategy (`simulate`)."""
+  from fedjax_mtl.flower import server
   with contextlib.ExitStack() as hold:
     if workdir:
       server.claim_workdir(workdir, hold)
-    strategy = server.EngineStrategy(config)
-    rt = client.client_runtime(config)
-    n = strategy.exp.fed.num_clients
-    kept = {c: None for c in range(n)}
-    for rnd in range(1, config.num_rounds + 1):
-      replies = {}
-      for c in range(n):
-        kept[c], replies[c] = client.train_reply(rt, c, kept[c], strategy.client_content(c, rnd))
-      strategy.aggregate(rnd, replies)
-      if strategy.evaluates(rnd):
-        strategy.collect_eval(rnd, {c: client.evaluate_reply(rt, c, kept[c],
-                                                             strategy.client_content(c, rnd))
-                                    for c in range(n)})
+    if runtime.is_many_task(config):
+      strategy = _many_task_in_process(config)
+    else:
+      strategy = _dense_in_process(config)
     if workdir:
       strategy.write(workdir)
+  return strategy
+
+
+def _many_task_in_process(config):
+  from fedjax_mtl.flower import many_task
+  strategy = many_task.ManyTaskStrategy(config)
+  rt = many_task.client_runtime(config)
+  for rnd in range(1, config.num_rounds + 1):
+    contents = strategy.train_contents(rnd)
+    strategy.aggregate(rnd, {c: many_task.train_reply(rt, c, content)
+                             for c, content in sorted(contents.items())})
+    if strategy.evaluates(rnd):
+      strategy.evaluate_round(rnd)
+  return strategy
+
+
+def _dense_in_process(config):
+  from fedjax_mtl.flower import client, server
+  strategy = server.EngineStrategy(config)
+  rt = client.client_runtime(config)
+  n = strategy.exp.fed.num_clients
+  kept = {c: None for c in range(n)}
+  for rnd in range(1, config.num_rounds + 1):
+    replies = {}
+    for c in range(n):
+      kept[c], replies[c] = client.train_reply(rt, c, kept[c], strategy.client_content(c, rnd))
+    strategy.aggregate(rnd, replies)
+    if strategy.evaluates(rnd):
+      strategy.collect_eval(rnd, {c: client.evaluate_reply(rt, c, kept[c],
+                                                           strategy.client_content(c, rnd))
+                                  for c in range(n)})
   return strategy

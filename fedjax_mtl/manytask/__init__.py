@@ -1,7 +1,7 @@
 """The many-task classification setting (MaTU spec §1, NTKFedAvg spec §1.3).
 
 N clients hold T classification tasks (a Dirichlet task allocation and a
-Dirichlet class split, `fedjax_mtl.data.many_task`); a ViT backbone is frozen
+Dirichlet class split, `fedjax_mtl.manytask.allocation`); a ViT backbone is frozen
 and stored once; each (client, task) pair trains LoRA adapters and a task head.
 Each round a fixed number of clients take part; all their (client, task) pairs
 train in one vmapped program (padded to the most pairs any round has, so one

@@ -19,7 +19,9 @@ steps (AdamW, fresh every round: stateless clients), go through the algorithm's
 client `finalize` and its server part over the shared roles (rows = slots,
 each weighted by its examples, the dummy by 0), and are written back by
 storage. The client's extra loss (FedProx's proximal term) sees the slot's
-start params.
+start params. The program composes two halves (`round_parts`): one slot's
+local training (with the client finalize) and the aggregation of all slots;
+the Flower adapter runs the first on its clients, the second on its server.
 
 **Evaluation** (`make_eval`): top-1 accuracy and mean cross-entropy of every
 evaluated model on its task's whole test split: one model per task when every
@@ -30,16 +32,17 @@ task, averaged per task by the caller, MaTU spec §7 item 9).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_mtl.algorithms.base import (Algorithm, ClientCtx, ServerInputs, ServerState,
                                         linear_outputs, role_view)
-from fedjax_mtl.local import sgd_step
+from fedjax_mtl.local_training import batch_plan, sgd_step
 from fedjax_mtl.rounds import finite_rows
 from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask.setting import Setting
@@ -87,31 +90,20 @@ def init_state(setting: Setting, trainable: dict, where: dict, seed: int,
 def _plan(index_row, count, key, epochs: int, steps_per_epoch: int, local_steps: int,
           batch: int, slot_epochs=None):
   """Batches [steps, B] (indices into the concatenated train set) and the real-step
-  mask of one slot. Epochs: a fresh permutation each, ceil(count / B) real steps,
-  the last batch filled from the permutation's start; with `slot_epochs` (this
-  slot's epochs, at most `epochs`) the epochs from `slot_epochs` on are masked.
-  Steps: `local_steps` batches from one permutation, cycling."""
-  n = index_row.shape[0]
-  safe = jnp.maximum(count, 1)
-
-  def order(k):
-    u = jax.random.uniform(k, (n,))
-    return jnp.argsort(jnp.where(jnp.arange(n) < count, u, 2.))
-
+  mask of one slot. Epochs: `local.batch_plan` with the last batch filled; with
+  `slot_epochs` (this slot's epochs, at most `epochs`) the epochs from `slot_epochs`
+  on are masked. Steps: `local_steps` batches from one permutation, cycling."""
   if local_steps:
-    pos = jnp.arange(local_steps * batch) % safe
-    idx = index_row[order(key)[pos]].reshape(local_steps, batch)
+    n = index_row.shape[0]
+    u = jax.random.uniform(key, (n,))
+    order = jnp.argsort(jnp.where(jnp.arange(n) < count, u, 2.))
+    pos = jnp.arange(local_steps * batch) % jnp.maximum(count, 1)
+    idx = index_row[order[pos]].reshape(local_steps, batch)
     return idx, jnp.broadcast_to(count > 0, (local_steps,))
-
-  def epoch(e):
-    pos = jnp.arange(steps_per_epoch * batch) % safe
-    idx = index_row[order(jax.random.fold_in(key, e))[pos]].reshape(steps_per_epoch, batch)
-    return idx, jnp.arange(steps_per_epoch) < (count + batch - 1) // batch
-
-  idx, mask = jax.vmap(epoch)(jnp.arange(epochs))
+  idx, mask = batch_plan(index_row, count, key, epochs, batch, steps_per_epoch, fill_last=True)
   if slot_epochs is not None:
-    mask = mask & (jnp.arange(epochs) < slot_epochs)[:, None]
-  return idx.reshape(-1, batch), mask.reshape(-1)
+    mask = mask & jnp.repeat(jnp.arange(epochs) < slot_epochs, steps_per_epoch)
+  return idx, mask
 
 
 def _axes(where: dict) -> dict:
@@ -127,24 +119,33 @@ def client_segments(clients: jax.Array) -> jax.Array:
   return jnp.where(clients >= 0, jnp.argmax(same, axis=1), jnp.arange(s)).astype(jnp.int32)
 
 
-def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
-               lr: float, batch_size: int, local_epochs: int, local_steps: int,
-               heads: np.ndarray | None = None, origin: dict | None = None,
-               task_epochs: np.ndarray | None = None):
-  """Jitted `(state, backbone, slots [S], rows [S, max_n], images, labels) -> (state,
-  outputs)`.
+class RoundParts(NamedTuple):
+  """`make_round`'s program in its two halves, plain functions to jit or compose: the
+  local training of one slot, and the aggregation of the round's S slots. The Flower
+  adapter (`flower/many_task.py`) runs `train` on the clients and the rest on the
+  server; `make_round` composes them into the engine's one program."""
+  # (state, slots [S]) -> each slot's start params (global leaves: one row, vmap axis
+  # None in `axes`; task and pair leaves [S, ...])
+  start: Callable
+  # (state, slots [S]) -> [S] keys of the slots' local rounds
+  keys: Callable
+  # (start, backbone, pair, row [max_n], key, images, labels) of ONE slot -> (trained
+  # params, upload (the client part's finalize), mean loss, steps)
+  train: Callable
+  # (start) of one slot -> what `train` gives a slot without data (the dummy pair):
+  # its start params, their upload, loss 0 and 0 steps
+  idle: Callable
+  # (state, slots, start, trained [S], uploads [S], loss [S], steps [S]) -> (new
+  # state, outputs); reads `trained` of the task and personal leaves only
+  aggregate: Callable
+  axes: dict  # vmap axes of `start`'s leaves
 
-  `slots`: the round's pair ids; `rows`: each slot's sample indices into `images`
-  uint8 [n, R, R, 3] / `labels` int32 [n] (`feed.RoundFeed`: every task's training
-  set, or the round's samples). The state is donated. Outputs: per slot 'loss', 'steps', 'finite' (loss and
-  trained params), 'agg_finite' and the server's logs. `heads`: frozen zero-shot
-  heads (`model_lib.make_forward`). `origin`: the trainable leaves' shared
-  initialisation (θ_p's trainable part), which the server sees as
-  `ServerInputs.origin` with each slot's client (`row_client`: the first slot
-  of the same client) and task (`row_task`). `task_epochs` [T]: local epochs of each
-  task's pairs (NTKFedAvg's "local work", spec §4), in place of `local_epochs`;
-  every slot runs the largest task's epochs, the ones beyond its own masked.
-  """
+
+def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
+                lr: float, batch_size: int, local_epochs: int, local_steps: int,
+                heads: np.ndarray | None = None, origin: dict | None = None,
+                task_epochs: np.ndarray | None = None) -> RoundParts:
+  """`make_round`'s halves (`RoundParts`), of the same arguments but the mesh."""
   inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
   pair_counts = jnp.asarray(setting.pair_counts)
@@ -197,20 +198,28 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
 
     (params, _), losses = jax.lax.scan(step, (params, tx.init(params)), (idx, mask))
     steps = jnp.sum(mask)
-    return params, jnp.sum(losses) / jnp.maximum(steps, 1), steps
+    upload, _ = client.finalize(params, start, ())
+    return params, upload, jnp.sum(losses) / jnp.maximum(steps, 1), steps
 
-  def round_fn(state: ManyState, backbone, slots, rows, images, labels):
+  def idle(start):
+    params = jax.tree.map(jnp.asarray, start)
+    upload, _ = client.finalize(params, start, ())
+    return params, upload, jnp.float32(0.), jnp.int32(0)
+
+  def slot_start(state: ManyState, slots):
+    task = pair_task[slots]
+    return {**state.shared,
+            **{k: v[task] for k, v in state.task_rows.items()},
+            **{k: v[slots] for k, v in state.pair_rows.items()}}
+
+  def slot_keys(state: ManyState, slots):
+    return jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(state.rng, state.round),
+                                                 i))(slots)
+
+  def aggregate(state: ManyState, slots, start, trained, uploads, loss, steps):
     task = pair_task[slots]
     counts = pair_counts[slots]
     clients = pair_client[slots]
-    start = {**state.shared,
-             **{k: v[task] for k, v in state.task_rows.items()},
-             **{k: v[slots] for k, v in state.pair_rows.items()}}
-    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(state.rng, state.round),
-                                                 i))(slots)
-    trained, loss, steps = jax.vmap(train_slot, in_axes=(axes, None, 0, 0, 0, None, None))(
-        start, backbone, slots, rows, keys, images, labels)
-    uploads, _ = jax.vmap(client.finalize, in_axes=(0, axes, None))(trained, start, ())
     full_start = {k: (jnp.broadcast_to(v, (s,) + v.shape) if axes[k] is None else v)
                   for k, v in start.items()}
     x = ServerInputs(prev={r: role_view(full_start, roles, r) for r in shared},
@@ -234,7 +243,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
       return jnp.where(has.reshape((-1,) + (1,) * (old.ndim - 1)), mean, old)
 
     new_task = {k: task_mean(v, trained[k]) for k, v in state.task_rows.items()}
-    new_pair = {k: v.at[slots].set(new_flat.get(k, trained[k]))
+    new_pair = {k: v.at[slots].set(new_flat[k] if k in new_flat else trained[k])
                 for k, v in state.pair_rows.items()}
     new_state = state.replace(round=state.round + 1, shared=new_shared, task_rows=new_task,
                               pair_rows=new_pair, server=sstate.shared)
@@ -247,6 +256,53 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
            'agg': logs}
     return new_state, out
 
+  return RoundParts(start=slot_start, keys=slot_keys, train=train_slot, idle=idle,
+                    aggregate=aggregate, axes=axes)
+
+
+def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
+               lr: float, batch_size: int, local_epochs: int, local_steps: int,
+               heads: np.ndarray | None = None, origin: dict | None = None,
+               task_epochs: np.ndarray | None = None, mesh: Mesh | None = None):
+  """Jitted `(state, backbone, slots [S], rows [S, max_n], images, labels) -> (state,
+  outputs)`.
+
+  `slots`: the round's pair ids; `rows`: each slot's sample indices into `images`
+  uint8 [n, R, R, 3] / `labels` int32 [n] (`feed.RoundFeed`: every task's training
+  set, or the round's samples). The state is donated. Outputs: per slot 'loss', 'steps', 'finite' (loss and
+  trained params), 'agg_finite' and the server's logs. `heads`: frozen zero-shot
+  heads (`model_lib.make_forward`). `origin`: the trainable leaves' shared
+  initialisation (θ_p's trainable part), which the server sees as
+  `ServerInputs.origin` with each slot's client (`row_client`: the first slot
+  of the same client) and task (`row_task`). `task_epochs` [T]: local epochs of each
+  task's pairs (NTKFedAvg's "local work", spec §4), in place of `local_epochs`;
+  every slot runs the largest task's epochs, the ones beyond its own masked.
+  `mesh`: on more than one device, the slots are spread over its `clients` axis
+  (local training of each slot on its device; the aggregation's sums over slots
+  become all-reduces) and the state stays replicated. The program is
+  `round_parts`' halves composed: every slot's `train` in one vmap, then
+  `aggregate`.
+  """
+  parts = round_parts(setting, model, alg, tx, roles, where, lr=lr, batch_size=batch_size,
+                      local_epochs=local_epochs, local_steps=local_steps, heads=heads,
+                      origin=origin, task_epochs=task_epochs)
+  spread = mesh is not None and mesh.size > 1
+  if spread:
+    by_slot = NamedSharding(mesh, P('clients'))
+    rep = NamedSharding(mesh, P())
+
+  def round_fn(state: ManyState, backbone, slots, rows, images, labels):
+    if spread:  # every slot-batched value follows: training runs where its slot is
+      slots, rows = (jax.lax.with_sharding_constraint(x, by_slot) for x in (slots, rows))
+    start = parts.start(state, slots)
+    keys = parts.keys(state, slots)
+    trained, uploads, loss, steps = jax.vmap(
+        parts.train, in_axes=(parts.axes, None, 0, 0, 0, None, None))(
+            start, backbone, slots, rows, keys, images, labels)
+    return parts.aggregate(state, slots, start, trained, uploads, loss, steps)
+
+  if spread:
+    return jax.jit(round_fn, donate_argnums=0, out_shardings=(rep, rep))
   return jax.jit(round_fn, donate_argnums=0)
 
 

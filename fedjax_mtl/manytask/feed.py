@@ -25,13 +25,17 @@ FEEDS = ('device', 'round')
 class RoundFeed:
   """`feed(r) -> (rows [S, max_n] int32, images, labels)` of round r (0-based)."""
 
-  def __init__(self, setting: Setting, images: np.ndarray, labels: np.ndarray, mode: str):
+  def __init__(self, setting: Setting, images: np.ndarray, labels: np.ndarray, mode: str,
+               put=jax.device_put):
+    """`put(host arrays)`: how arrays reach the devices (a multi-device run replicates
+    them over its mesh)."""
     if mode not in FEEDS:
       raise ValueError(f'unknown many.feed {mode!r}; valid choices: ' + ', '.join(FEEDS))
     self.mode = mode
     self.setting = setting
+    self.put = put
     if mode == 'device':
-      self.images, self.labels = jax.device_put((images, labels))
+      self.images, self.labels = put((images, labels))
       return
     self.host_images, self.host_labels = images, labels
     self.unions = [self._union(r) for r in range(setting.schedule.shape[0])]
@@ -47,10 +51,10 @@ class RoundFeed:
     st = self.setting
     rows = st.index_table[st.schedule[r]]
     if self.mode == 'device':
-      return jax.device_put(rows), self.images, self.labels
+      return self.put(rows), self.images, self.labels
     union = self.unions[r]
     # Rows index the union block; entries past a pair's count are never read.
     local = np.searchsorted(union, rows).clip(0, max(len(union) - 1, 0)).astype(np.int32)
     take = np.zeros(self.size, np.int64)
     take[:len(union)] = union
-    return jax.device_put((local, self.host_images[take], self.host_labels[take]))
+    return self.put((local, self.host_images[take], self.host_labels[take]))

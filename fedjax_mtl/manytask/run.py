@@ -1,12 +1,10 @@
-"""The many-task run loop (`config.setting = 'many_task'`, e.g. `configs/fedavg.py:mini8`).
+"""Building a many-task run (`config.setting = 'many_task'`, e.g. `configs/fedavg.py:mini8`)
+and its pieces the many-task engine (`engines/many_task.py`) calls:
 
-    build (tasks, data, allocation, schedule, backbone, algorithm)
-    -> round-0 state (or the newest checkpoint)
-    for each round: the round's pairs train and aggregate (one jitted call)
-                    -> evaluation every `eval_every` rounds -> metrics.jsonl, checkpoint
-    -> results.md / results.csv: per-task top-1 accuracy, the mean, bits per task,
-       and accuracy normalised by an Individual run (`many.individual_reference`);
-       curves.png: per task, train loss and test accuracy over rounds
+    build (tasks, data, allocation, schedule, backbone, algorithm) -> `Run`
+    round-0 state; evaluation (per-task top-1 accuracy and test loss);
+    results.md / results.csv: per-task accuracy, the mean, bits per task, and
+    accuracy normalised by an Individual run (`many.individual_reference`)
 
 Algorithms (`SUPPORTED`): FedAvg, FedProx, FedPer, MaT-FL (its groups mix the
 round's pairs; each pair keeps its grouped adapters; padding slots join no
@@ -26,22 +24,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_mtl import algorithms, preempt, report, validate
-from fedjax_mtl import workdir as workdir_lib
+from fedjax_mtl import algorithms, distributed, report
 from fedjax_mtl.algorithms import matu_math
 from fedjax_mtl.algorithms.base import config_block, linearized_forward, role_view
-from fedjax_mtl.checkpoint import Checkpointer
-from fedjax_mtl.errors import ConfigError, DivergedError
-from fedjax_mtl.local import make_optimizer
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.local_training import make_optimizer
 from fedjax_mtl.manytask import engine, pretrain
-from fedjax_mtl.manytask.feed import RoundFeed
 from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask import setting as setting_lib
 from fedjax_mtl.models import vit
@@ -124,6 +119,44 @@ class Run:
   val: object = None
   alphas: np.ndarray | None = None
   alpha_tune_fn: object = None
+  # The devices the round's slots are spread over (`make_mesh`).
+  mesh: Mesh | None = None
+  # `round_fn`'s pieces as plain functions (`engine.round_parts`: the Flower adapter
+  # trains slots on the clients and aggregates on the server with them).
+  round_parts: object = None
+
+
+def make_mesh(config) -> Mesh:
+  """The devices of the run (`num_devices`, 0: every visible one, of every process)
+  along one axis, `clients`, that the round's slots are spread over."""
+  devices = jax.devices()
+  n = int(config.get('num_devices', 0)) or len(devices)
+  if n > len(devices):
+    raise ConfigError(f'num_devices={n} but only {len(devices)} devices are visible')
+  return Mesh(np.asarray(devices[:n]), ('clients',))
+
+
+def pad_slots(setting: setting_lib.Setting, n: int) -> setting_lib.Setting:
+  """`setting` with each round's slots padded by the dummy pair to a multiple of `n`
+  devices (a padding slot trains on nothing and weighs 0); itself when they divide."""
+  extra = -setting.num_slots % n
+  if not extra:
+    return setting
+  schedule = np.pad(setting.schedule, ((0, 0), (0, extra)), constant_values=setting.num_pairs)
+  return dataclasses.replace(setting, schedule=schedule)
+
+
+def place(mesh: Mesh, tree):
+  """Arrays replicated over the run's devices (of every process); `tree` itself on
+  one device (the programs take it as it is)."""
+  if mesh.size == 1:
+    return tree
+  return distributed.put_replicated(tree, NamedSharding(mesh, P()))
+
+
+def eval_pairs(run: Run) -> jax.Array:
+  """The evaluated pair ids as the evaluation programs take them."""
+  return place(run.mesh, jnp.asarray(run.eval_pairs))
 
 
 def slot_info(setting: setting_lib.Setting, config) -> algorithms.FedInfo:
@@ -139,7 +172,7 @@ def slot_info(setting: setting_lib.Setting, config) -> algorithms.FedInfo:
       num_tasks=setting.num_tasks)
 
 
-def build(config) -> Run:
+def build_run(config) -> Run:
   """Validate and build the run (loads data, makes or loads the backbone); writes
   nothing but the warm-up cache."""
   check(config)
@@ -153,20 +186,23 @@ def build(config) -> Run:
                                      int(config.data.seed))
   setting = setting_lib.build_setting(tasks, data, cfg, int(config.num_rounds),
                                       int(config.split_seed), cfg.benchmark)
+  mesh = make_mesh(config)
+  setting = pad_slots(setting, mesh.size)
   model = model_lib.make_model(cfg, setting.max_classes)
   params = vit.init_params(model, jax.random.PRNGKey(int(config.seed)))
   backbone, trainable = model_lib.split(params)
-  backbone = pretrain.load_backbone(cfg, backbone)
+  backbone = place(mesh, pretrain.load_backbone(cfg, backbone))
   roles = model_lib.roles(trainable)
   heads = zeroshot_heads(cfg, setting, model) if cfg.heads else None
   alg = algorithms.get_algorithm(config.algorithm, slot_info(setting, config), config)
   where = engine.storage(alg, roles, SUPPORTED[algorithms.parse(config.algorithm)[-1]])
   steps = int(cfg.local_steps)
-  round_fn = engine.make_round(setting, model, alg, make_optimizer(config.optim), roles, where,
-                               lr=float(config.optim.lr), batch_size=int(config.batch_size),
-                               local_epochs=0 if steps else int(cfg.local_epochs),
-                               local_steps=steps, heads=heads, origin=trainable,
-                               task_epochs=setting_lib.task_epochs(cfg, setting.tasks))
+  round_args = (setting, model, alg, make_optimizer(config.optim), roles, where)
+  round_kw = dict(lr=float(config.optim.lr), batch_size=int(config.batch_size),
+                  local_epochs=0 if steps else int(cfg.local_epochs), local_steps=steps,
+                  heads=heads, origin=trainable,
+                  task_epochs=setting_lib.task_epochs(cfg, setting.tasks))
+  round_fn = engine.make_round(*round_args, mesh=mesh, **round_kw)
   test_counts = np.array([len(lab) for _, lab in data.test])
   eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)
   linear = alg.client.forward is linearized_forward  # evaluation B of the linearised model
@@ -179,11 +215,13 @@ def build(config) -> Run:
     tune_fn = engine.make_alpha_tuner(setting, model, np.array([len(y) for _, y in val]),
                                       int(config.eval_batch_size), alphas, heads)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
-             val=jax.device_put(concat_split(val)) if val is not None else None, alphas=alphas,
+             val=place(mesh, jax.device_put(concat_split(val))) if val is not None else None, alphas=alphas,
+             mesh=mesh,
              alpha_tune_fn=tune_fn,
              trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
              eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where),
-             eval_linear_fn=eval_linear_fn)
+             eval_linear_fn=eval_linear_fn,
+             round_parts=engine.round_parts(*round_args, **round_kw))
 
 
 def _tune_block(config):
@@ -236,15 +274,6 @@ def init_state(run: Run) -> engine.ManyState:
                            server.shared)
 
 
-def _divergence_hint(config) -> str:
-  """What to try when a round goes non-finite."""
-  if (algorithms.parse(config.algorithm)[-1] == 'matu'
-      and config.get('matu', {}).get('combine', 'sum') == 'sum'):
-    return ("MaTU's Eq. 7 sum adds the similar tasks' cumulative vectors every round and "
-            "can grow without bound (metrics.jsonl: matu_tau_l1); try matu.combine='avg'")
-  return 'lower optim.lr or check the data'
-
-
 def upload_bits(run: Run) -> np.ndarray:
   """[M + 1] bits each pair uploads per round (module docstring); the dummy 0."""
   shared = set(run.algorithm.shared_roles)
@@ -277,8 +306,8 @@ def tune_alpha(run: Run, state, start) -> tuple[object, dict]:
   with α = 1: the α of the grid with the best mean validation accuracy over the
   evaluated models (the first on ties) gives the shared leaves c + α·τ̄. Returns the
   new state and the round's log ('alpha', and the accuracy of every α)."""
-  pairs = jnp.asarray(run.eval_pairs)
-  right = np.asarray(jax.device_get(run.alpha_tune_fn(state, start, run.backbone, pairs,
+  pairs = eval_pairs(run)
+  right = np.asarray(distributed.host_get(run.alpha_tune_fn(state, start, run.backbone, pairs,
                                                       *run.val)), np.float64)  # [E, A]
   counts = np.diff(np.append(np.asarray(run.val[2]), run.val[1].shape[0]))
   acc = 100. * right / counts[run.setting.pairs[run.eval_pairs, 1]][:, None]
@@ -300,10 +329,10 @@ def evaluate(run: Run, state, test, start=None) -> list[dict]:
   """Per task: top-1 accuracy (%) and test loss, averaged over the evaluated models.
   With `start` (the shared leaves at the round's start), the linearised model's
   too (NTKFedAvg's evaluation B): `accuracy_linear` and `loss_linear`."""
-  pairs = jnp.asarray(run.eval_pairs)
-  outs = [('', jax.device_get(run.eval_fn(state, run.backbone, pairs, *test)))]
+  pairs = eval_pairs(run)
+  outs = [('', distributed.host_get(run.eval_fn(state, run.backbone, pairs, *test)))]
   if start is not None:
-    outs.append(('_linear', jax.device_get(run.eval_linear_fn(state, start, run.backbone, pairs,
+    outs.append(('_linear', distributed.host_get(run.eval_linear_fn(state, start, run.backbone, pairs,
                                                               *test))))
   counts = [len(y) for _, y in run.data.test]
   rows = []
@@ -341,106 +370,3 @@ def results(run: Run, final: list[dict], bits: float) -> tuple[str, str]:
     lines.append('| ' + ' | '.join(nrow) + ' |')
     csv.append(','.join(nrow))
   return '\n'.join(lines) + '\n', '\n'.join(csv) + '\n'
-
-
-def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> dict:
-  """Run (or resume) a many-task experiment in `workdir`; returns the final evaluation."""
-  validate.check_fields(config)
-  validate.check_workdir(workdir)
-  with workdir_lib.lock(workdir):  # one writer: before the workdir is read
-    return _train_and_evaluate(config, workdir, stop_after)
-
-
-def _train_and_evaluate(config, workdir: str, stop_after: int | None) -> dict:
-  run = build(config)  # every input is read (and checked) before anything is written
-  workdir_lib.check_config(config, workdir)
-  metrics_path = os.path.join(workdir, 'metrics.jsonl')
-  timing_path = os.path.join(workdir, 'timing.jsonl')
-  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
-  start = ckpt.latest_round() or 0
-  state = init_state(run)
-  if start:
-    start, state = ckpt.restore_latest(jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state))
-    report.truncate_jsonl(metrics_path, start)
-    if os.path.exists(timing_path):
-      report.truncate_jsonl(timing_path, start)
-  else:  # a fresh start: rows of an attempt that never reached a checkpoint go
-    for path in (metrics_path, timing_path):
-      if os.path.exists(path):
-        os.remove(path)
-  report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
-  feed = RoundFeed(run.setting, *concat_split(run.data.train)[:2], config.many.feed)
-  test = jax.device_put(concat_split(run.data.test))
-  bits = upload_bits(run)
-  schedule = jnp.asarray(run.setting.schedule)
-  total = int(config.num_rounds)
-  final = []
-  stopped = None
-  with preempt.Signals(start) as signals:
-    try:
-      for rnd in range(start + 1, total + 1):
-        t0 = time.perf_counter()
-        slots = run.setting.schedule[rnd - 1]
-        evaluated = rnd % int(config.eval_every) == 0 or rnd == total
-        # Evaluation B's linearisation point: the shared leaves the round starts from (a
-        # copy: the round donates the state), or the run's initial ones.
-        start_shared = None
-        if run.alpha_tune_fn is not None or (evaluated and run.eval_linear_fn is not None):
-          start_shared = (jax.tree.map(jnp.copy, state.shared)
-                          if run.algorithm.client.linearize_at == 'start' else
-                          {k: jnp.asarray(run.trainable[k]) for k in state.shared})
-        state, out = run.round_fn(state, run.backbone, schedule[rnd - 1], *feed(rnd - 1))
-        out = jax.device_get(out)
-        bad = [run.setting.pair_name(p) for p, ok, real in zip(slots, out['finite'], out['real'])
-               if real and not ok]
-        if bad or not out['agg_finite']:
-          what = (f'training loss or parameters of {", ".join(bad)}' if bad
-                  else 'aggregated parameters or server state')
-          raise DivergedError(f'round {rnd}: non-finite {what} ({config.algorithm}); the round '
-                              f'was not saved; {_divergence_hint(config)}')
-        tuned = {}
-        if run.alpha_tune_fn is not None:
-          state, tuned = tune_alpha(run, state, start_shared)
-        real = out['real']
-        round_bits = bits[slots][real]
-        rows = [{'round': rnd, 'type': 'train', 'client': f'client{run.setting.pairs[p][0]}',
-                 'task': run.setting.tasks[run.setting.pairs[p][1]], 'loss': float(loss),
-                 'steps': int(steps)}
-                for p, loss, steps, r in zip(slots, out['loss'], out['steps'], real) if r]
-        rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round(round_bits.sum())),
-                     'bits_per_task': float(round_bits.mean()),
-                     **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}, **tuned})
-        if evaluated:
-          final = [{'round': rnd, 'type': 'eval', **r}
-                   for r in evaluate(run, state, test, start_shared)]
-          rows += final
-        report.append_jsonl(metrics_path, rows)
-        stop = signals.stop_after(rnd) if rnd < total else None  # SIGTERM / SIGINT
-        if rnd % int(config.checkpoint_every) == 0 or rnd == total or stop:
-          ckpt.save(rnd, state)
-        dt = time.perf_counter() - t0
-        # Wall times go to their own file: metrics.jsonl stays identical across resumes.
-        report.append_jsonl(timing_path, [{'round': rnd, 'seconds': dt, 'eval': evaluated}])
-        if config.progress:
-          acc = [r['value'] for r in rows if r.get('metric') == 'accuracy']
-          print(f'round {rnd}/{total} {dt:6.2f}s | train loss '
-                f'{np.mean([r["loss"] for r in rows if r["type"] == "train"]):.4f}'
-                + (f' | eval mean accuracy {np.mean(acc):.2f}' if acc else ''), flush=True)
-        if stop:
-          stopped = preempt.Stopped(rnd, stop)
-          break
-        if stop_after is not None and rnd >= stop_after:
-          return {'state': state, 'eval': final, 'interrupted': True}
-    finally:
-      ckpt.close()
-  if stopped:
-    raise stopped  # after the checkpoint is committed
-  rows = report.read_jsonl(metrics_path)
-  final = [r for r in rows if r['type'] == 'eval' and r['round'] == total]
-  mean_bits = float(np.mean([r['bits_per_task'] for r in rows if r['type'] == 'agg']))
-  report.plot_task_curves(rows, workdir)
-  md, csv = results(run, final, mean_bits)
-  report.atomic_write(os.path.join(workdir, 'results.md'), md)
-  report.atomic_write(os.path.join(workdir, 'results.csv'), csv)
-  return {'state': state, 'eval': final, 'interrupted': False}

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedjax_mtl.data import many_task as mt
+from fedjax_mtl.manytask import allocation as mt
 from fedjax_mtl.errors import ConfigError
 
 LABELS = np.arange(2000) % 10  # a balanced 10-class training set

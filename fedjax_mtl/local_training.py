@@ -152,22 +152,30 @@ def normalize_image(image: jax.Array, box: jax.Array | None = None) -> jax.Array
   return jnp.where(inside[..., None], x, 0.)
 
 
-def client_plan(index_row: jax.Array, count: jax.Array, key: jax.Array, epochs: int,
-                batch_size: int) -> tuple[jax.Array, jax.Array]:
-  """Shuffled batches `[E*S, B]` of one client and the mask of its real steps.
+def batch_plan(index_row: jax.Array, count: jax.Array, key: jax.Array, epochs: int,
+               batch_size: int, steps_per_epoch: int | None = None,
+               fill_last: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Shuffled batches `[E*S, B]` of one client (`count` real entries of `index_row`)
+  and the mask of its real steps: each epoch a fresh permutation (keyed by
+  `fold_in(key, epoch)`), `S = steps_per_epoch` (default: the row's length // B).
 
-  Each epoch is a fresh permutation of the client's images (drop_last); steps
-  past the client's own number of batches are padding.
+  `fill_last=False` drops the short last batch (`count // B` real steps: the dense
+  engine, as the reference's drop_last); `True` keeps it, filled from the
+  permutation's start (`ceil(count / B)` real steps: the many-task engine). Steps
+  past the real ones are padding.
   """
-  max_n = index_row.shape[0]
-  steps = max_n // batch_size
+  n = index_row.shape[0]
+  steps = n // batch_size if steps_per_epoch is None else steps_per_epoch
 
   def one_epoch(e):
-    u = jax.random.uniform(jax.random.fold_in(key, e), (max_n,))
-    u = jnp.where(jnp.arange(max_n) < count, u, 2.)
-    order = jnp.argsort(u)
-    idx = index_row[order][:steps * batch_size].reshape(steps, batch_size)
-    return idx, jnp.arange(steps) < count // batch_size
+    u = jax.random.uniform(jax.random.fold_in(key, e), (n,))
+    order = jnp.argsort(jnp.where(jnp.arange(n) < count, u, 2.))
+    if fill_last:
+      pos = jnp.arange(steps * batch_size) % jnp.maximum(count, 1)
+      real = (count + batch_size - 1) // batch_size
+    else:
+      pos, real = jnp.arange(steps * batch_size), count // batch_size
+    return index_row[order[pos]].reshape(steps, batch_size), jnp.arange(steps) < real
 
   idx, mask = jax.vmap(one_epoch)(jnp.arange(epochs))
   return idx.reshape(-1, batch_size), mask.reshape(-1)
@@ -392,7 +400,7 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     total = total_rounds if total is None else total
     keys, step_keys = _client_keys(key, rows.ids)
     plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-    idx, mask = jax.vmap(lambda r, c, k: client_plan(r, c, k, epochs, batch_size))(
+    idx, mask = jax.vmap(lambda r, c, k: batch_plan(r, c, k, epochs, batch_size))(
         rows.index_table, rows.counts, plan_keys)
     steps_per_epoch = idx.shape[1] // epochs
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch

@@ -1,0 +1,135 @@
+"""What the strategies of both settings share (`server.EngineStrategy`, dense;
+`many_task.ManyTaskStrategy`): one Flower node per client of the run, found by a
+handshake, and the clients' failures as one line.
+
+Before the first round the handshake (`query` messages) maps Flower nodes to the
+run's clients (`partition-id`) and has every client compare its config with the
+server's: a client whose config differs refuses, naming the fields, and the run
+stops with that line.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from logging import INFO
+from typing import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
+
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.flower import codec
+
+
+def nbytes(content: Message | RecordDict) -> int:
+  """Bytes of the arrays a message (or its content) carries."""
+  content = content.content if isinstance(content, Message) else content
+  return sum(len(a.data) for rec in content.array_records.values() for a in rec.values())
+
+
+def reason(text: str) -> str:
+  """The message of the exception a ClientApp raised, from the error reason Flower
+  reports (a remote traceback in simulation, "<class '...'>:<'message'>" elsewhere)."""
+  text = re.sub(r'\x1b\[[0-9;]*m', '', text)
+  raised = re.findall(r'^[\w.]+(?:Error|Exception): (.+)$', text, re.M)
+  raised = [r for r in raised if r.strip()]
+  if raised:
+    return raised[0].strip()
+  if ":<'" in text:
+    return text.split(":<'", 1)[1].rstrip("'>")
+  lines = [line for line in text.splitlines() if line.strip()]
+  return lines[-1].strip() if lines else text
+
+
+def reply_errors(replies: list[Message], clients: dict[int, int] | None) -> list[str]:
+  """One line per failed reply: its reason, after the client (`clients`: node ->
+  client) or the node it came from (None: the reason names its client)."""
+  out = []
+  for m in replies:
+    if m.has_error():
+      node = m.metadata.src_node_id
+      why = reason(m.error.reason)
+      if clients is not None:
+        why = (f'client {clients[node]}' if node in clients else f'node {node}') + ': ' + why
+      out.append(why)
+  return out
+
+
+class NodeStrategy(Strategy):
+  """A Flower strategy over `num_clients` clients of `config`'s run, one Flower node
+  each; subclasses make and aggregate the rounds' messages."""
+
+  def __init__(self, config, num_clients: int, timeout: float = 3600.0):
+    self.config = config
+    self.num_clients = num_clients
+    self.timeout = timeout
+    self.nodes: dict[int, int] = {}  # client -> node id
+    # Per round: seconds building the messages, waiting for the clients (their
+    # training and Flower's transport), aggregating; each client's own seconds;
+    # array bytes sent and received.
+    self.timing: list[dict] = []
+
+  def replies(self, replies: Iterable[Message], what: str,
+              expected: Iterable[int] | None = None) -> dict[int, Message]:
+    """Replies by client (of `expected`, default every client); ConfigError naming
+    every failed or missing client."""
+    replies = list(replies)
+    by_node = {n: c for c, n in self.nodes.items()}
+    errors = reply_errors(replies, by_node)
+    got = {by_node[m.metadata.src_node_id]: m for m in replies if not m.has_error()}
+    want = set(self.nodes) if expected is None else set(expected)
+    missing = sorted(want - set(got) - {by_node.get(m.metadata.src_node_id) for m in replies})
+    if missing:
+      errors.append(f'no reply within {self.timeout:.0f} s from client(s) '
+                    f'{", ".join(map(str, missing))}')
+    if errors:
+      raise ConfigError(f'{what} failed: ' + '; '.join(errors))
+    return got
+
+  def handshake(self, grid: Grid) -> None:
+    """Map nodes to clients and have every client check its config against ours."""
+    n = self.num_clients
+    deadline = time.time() + self.timeout
+    while len(nodes := list(grid.get_node_ids())) < n:
+      if time.time() > deadline:
+        raise ConfigError(f'the run has {n} clients but only {len(nodes)} Flower nodes '
+                          f'connected within {self.timeout:.0f} s')
+      time.sleep(1)
+    if len(nodes) > n:
+      raise ConfigError(f'the run has {n} clients but {len(nodes)} Flower nodes are connected; '
+                        'start one SuperNode per client')
+    fields = codec.shared_fields(self.config)
+    msgs = [Message(content=RecordDict({'config': ConfigRecord({'fields': fields})}),
+                    message_type=MessageType.QUERY, dst_node_id=node) for node in nodes]
+    replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
+    errors = reply_errors(replies, None)
+    if errors:
+      raise ConfigError('clients refused the run: ' + '; '.join(errors))
+    clients = {int(m.content['client']['client']): m.metadata.src_node_id for m in replies}
+    if sorted(clients) != list(range(n)):
+      raise ConfigError(f'the nodes hold partition-ids {sorted(clients)}; the run needs each '
+                        f'of 0..{n - 1} exactly once')
+    self.nodes = clients
+
+  def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None,
+            num_rounds: int | None = None, timeout: float | None = None,
+            train_config: ConfigRecord | None = None,
+            evaluate_config: ConfigRecord | None = None, evaluate_fn=None) -> Result:
+    """The handshake, then Flower's round loop for `config.num_rounds` rounds (the
+    server's rows are the strategy's own; `initial_arrays` is not used)."""
+    if timeout is not None:
+      self.timeout = timeout
+    self.handshake(grid)
+    return super().start(grid, initial_arrays or ArrayRecord(),
+                         num_rounds or self.config.num_rounds, self.timeout, train_config,
+                         evaluate_config, evaluate_fn)
+
+  def evaluates(self, server_round: int) -> bool:
+    cfg = self.config
+    return server_round % cfg.eval_every == 0 or server_round == cfg.num_rounds
+
+  def summary(self) -> None:
+    log(INFO, '\t├── fedjax_mtl %s over %d clients', self.config.algorithm, self.num_clients)

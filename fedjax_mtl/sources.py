@@ -1,0 +1,182 @@
+"""Data sources of the dense engine: where a round's batches come from. They only
+produce data (device arrays, grain chunks); the engine (`engines/dense.py`) runs the
+programs on them.
+
+- `InMemorySource` (synthetic data): the train arrays and the batched test splits,
+  on device, replicated over the mesh.
+- `StreamedSource` (real data): augmented training chunks (a client group's next
+  local steps) from a grain pipeline, placed on device with the client axis
+  sharded, and the test splits as batches (`real.EvalBatches`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from fedjax_mtl import distributed, evaluate
+from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl.data import real
+from fedjax_mtl.errors import check_choice
+from fedjax_mtl.experiment import Experiment, per_experiment
+
+PyTree = Any
+
+
+def device_data(exp: Experiment) -> tuple[dict, dict]:
+  """Train arrays and batched test arrays on device (replicated over the mesh)."""
+  train = {d: {'train': v['train']} for d, v in exp.data.items()}
+  test = {d: evaluate.batch_test_split(v['test'], exp.config.eval_batch_size)
+          for d, v in exp.data.items()}
+  return (distributed.put_replicated(train, exp.replicated),
+          distributed.put_replicated(test, exp.replicated))
+
+
+class InMemorySource:
+  """Synthetic data on device: `train[dataset]['train']`, `test[dataset]` batches."""
+
+  streamed = False
+
+  def __init__(self, exp: Experiment):
+    self.exp = exp
+    self.train, self.test = device_data(exp)
+
+  def edge_truth(self, dataset: str) -> np.ndarray:
+    """[N, H, W] host edge maps of `dataset`'s test split (odsF's ground truth)."""
+    return self.exp.data[dataset]['test']['edge']
+
+  def close(self) -> None:
+    pass
+
+
+class StreamedSource:
+  """Real data from grain: training chunks from round `start_round` on, test batches.
+
+  With `data.augment='device'` the chunks hold raw samples in canvases of the
+  datasets' largest images (`device_chunks`), which the engine's augmenters
+  transform on the accelerator.
+  """
+
+  streamed = True
+
+  def __init__(self, exp: Experiment, start_round: int = 0):
+    self.exp = exp
+    self.threads = int(exp.config.data.get('threads', 2))
+    self.workers = int(exp.config.data.get('workers', 0))
+    self.train_chunks, self.eval_batches = streamed_sources(exp)
+    if augment_mode(exp) == 'device':
+      self.train_chunks = device_chunks(exp)
+    self._start = start_round
+    self._iter = None
+
+  @property
+  def rows(self) -> list:
+    """Per group: the range of client rows this process feeds."""
+    return self.train_chunks.rows
+
+  def round_chunks(self, rnd: int) -> Iterator[tuple[int, dict]]:
+    """Round `rnd`'s chunks (1-based) as (group, device chunk): client axes sharded
+    over the mesh from this process's rows of them (`TrainChunks.rows`)."""
+    if self._iter is None:
+      self._iter = real.iterate(self.train_chunks, self.train_chunks.offset(self._start),
+                                workers=self.workers, threads=self.threads)
+    for _ in range(self.train_chunks.per_round):
+      el = next(self._iter)
+      if int(el['round']) != rnd - 1:
+        raise RuntimeError(f'data feed out of step: chunk of round {int(el["round"]) + 1} '
+                           f'in round {rnd}')
+      yield int(el['group']), self.on_device(el)
+
+  def on_device(self, element: dict) -> dict:
+    """A chunk (a `real.TrainChunks` element) as the chunk trainers take it, on device."""
+    shard, rep = self.exp.client_sharding, self.exp.replicated
+    n = self.exp.fed.groups[int(element['group'])].num_total
+    c = chunk_arrays(element)
+    return {'x': distributed.put_local(c['x'], shard, n),
+            'mask': distributed.put_local(c['mask'], shard, n),
+            'epoch': distributed.put_replicated(c['epoch'], rep),
+            'step': distributed.put_replicated(c['step'], rep)}
+
+  def test_batches(self, dataset: str) -> Iterator[dict]:
+    """`dataset`'s test batches (host arrays), read by this source's threads."""
+    return real.iterate(self.eval_batches[dataset], threads=self.threads)
+
+  def close(self) -> None:
+    if self._iter is not None:
+      self._iter.close()  # stops grain workers
+
+
+def make_source(exp: Experiment, start_round: int = 0) -> InMemorySource | StreamedSource:
+  """The data source of the experiment's `data.source` (opened: a missing cache fails here)."""
+  return StreamedSource(exp, start_round) if exp.streamed else InMemorySource(exp)
+
+
+def augment_mode(exp: Experiment) -> str:
+  """`data.augment`: where training samples are augmented ('host' | 'device')."""
+  mode = exp.config.data.get('augment', 'host')
+  check_choice('data.augment', mode, real.AUGMENT_MODES)
+  return mode
+
+
+@per_experiment
+def streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
+  """The run's training chunk source and per-dataset test batch sources."""
+  cfg, fed = exp.config, exp.fed
+  specs = [group_feed_spec(exp, g) for g in fed.groups]
+  sources = [[real.client_source(cfg, fed.clients[c]) for c in g.client_ids] for g in fed.groups]
+  # A multi-process run reads only the clients on this process's devices.
+  rows = [distributed.local_rows(exp.client_sharding, g.num_total) for g in fed.groups]
+  chunks = real.TrainChunks(specs, sources, cfg.num_rounds, sizes(exp), int(cfg.data.seed),
+                            train_transforms(exp), rows=rows)
+  eval_batches = {}
+  for d in sorted({g.dataset for g in fed.groups}):
+    keys = tuple(t for t in tasks_lib.DATASETS[d].tasks
+                 if any(t in g.tasks_used for g in fed.groups if g.dataset == d))
+    eval_batches[d] = eval_source(exp, d, keys)
+  return chunks, eval_batches
+
+
+@per_experiment
+def device_chunks(exp: Experiment) -> real.TrainChunks:
+  """The training chunks with raw samples (`data.augment='device'`)."""
+  c = streamed_sources(exp)[0]
+  return real.TrainChunks(c.specs, c.sources, c.num_rounds, c.size_of, c.seed, c.transforms_of,
+                          augment='device', rows=c.rows)
+
+
+def sizes(exp: Experiment) -> dict[str, tuple[int, int]]:
+  """(height, width) the run trains and evaluates each dataset at."""
+  res = exp.config.data.resolution
+  return {d: tuple(int(v) for v in res[d]) for d in res}
+
+
+def train_transforms(exp: Experiment) -> dict[str, list]:
+  """The training augmentation of each dataset."""
+  return {d: real.T.train_transforms(size) for d, size in sizes(exp).items()}
+
+
+def group_feed_spec(exp: Experiment, g) -> real.GroupFeedSpec:
+  """The streamed plan of client group `g`'s local steps (chunks of its round)."""
+  cfg, fed = exp.config, exp.fed
+  chunk_steps = int(cfg.data.get('chunk_steps', 2))
+  return real.GroupFeedSpec(
+      dataset=g.dataset, client_ids=g.client_ids, num_total=g.num_total,
+      counts=tuple(fed.clients[c].num_train for c in g.client_ids), epochs=g.local_epochs,
+      batch_size=cfg.batch_size,
+      chunk_steps=min(chunk_steps, g.local_epochs * (max(g.counts) // cfg.batch_size)),
+      keys=g.tasks_used)
+
+
+def eval_source(exp: Experiment, dataset: str, keys: tuple[str, ...]) -> real.EvalBatches:
+  """`dataset`'s test split as evaluation batches with the labels `keys`."""
+  cfg = exp.config
+  test = real.open_split(cfg, dataset, real.TEST_SPLIT, tasks=keys)
+  real.check_eval_sizes(cfg, dataset, test)
+  return real.EvalBatches(test, cfg.eval_batch_size, sizes(exp)[dataset], keys)
+
+
+def chunk_arrays(element: dict) -> dict:
+  """A `real.TrainChunks` element as the chunk trainers take it (host arrays)."""
+  return {'x': {k[2:]: v for k, v in element.items() if k.startswith('x/')},
+          'mask': element['mask'], 'epoch': element['epoch'], 'step': element['step']}
