@@ -156,3 +156,33 @@ def assert_agree(got: dict, want: dict, init: dict, num_real: int, num_padded: i
     assert err > FAULT_MARGIN, (name, err)
     line += f'; {name}: {err:.0f}'
   return line
+
+
+def many_task_rows(state) -> dict:
+  """A many-task state's trainable rows in `model_rows`' layout, each leaf its own part
+  (`storage/path[]`): 'shared' (one row), 'task_rows', 'pair_rows' (float64 host arrays)."""
+  state = jax.device_get(state)
+  return {f'{part}/{k}[]': np.asarray(v, np.float64)[None] if part == 'shared'
+          else np.asarray(v, np.float64)
+          for part in ('shared', 'task_rows', 'pair_rows')
+          for k, v in getattr(state, part).items()}
+
+
+def assert_many_task_agree(got: dict, want: dict, init: dict) -> str:
+  """`many_task_rows` of another program's run agree with `want`'s (every row within its
+  bound), and the criterion is strict: the fault a server weighing padding slots in
+  would make (every update shrunk by 5/8) exceeds the bound FAULT_MARGIN times on every
+  leaf training moved beyond rounding (LoRA's B factors and the heads; the A factors
+  barely move while B is near 0). Returns a line with the worst row and fault."""
+  errors = row_errors({k: got[k] for k in want}, want, init)
+  assert all(np.all(e <= 1) for e in errors.values()), {p: e.max() for p, e in errors.items()}
+  moved = [k for k, w in want.items()
+           if np.linalg.norm(w - init[k]) > 1e3 * EPS * np.linalg.norm(w)]
+  assert any('lora_b' in k for k in moved) and any('head' in k for k in moved), moved
+  pick = lambda d: {k: d[k] for k in moved}
+  fault = {k: init[k] + 5 / 8 * (want[k] - init[k]) for k in moved}
+  faults = row_errors(fault, pick(want), pick(init))
+  assert all(e.max() > FAULT_MARGIN for e in faults.values()), {
+      p: e.max() for p, e in faults.items()}
+  return (f'worst row: {max(float(e.max()) for e in errors.values()):.3g} of its bound; '
+          f'shrunk updates: {min(float(e.max()) for e in faults.values()):.0f}')

@@ -31,14 +31,6 @@ def config(algorithm: str = 'hca2'):
   return tiny_config(algorithm, num_rounds=rounds, checkpoint_every=rounds, **agreement.SGD)
 
 
-def many_task_arrays(state) -> dict:
-  """A many-task state's trainable rows in `agreement.model_rows`' layout, each leaf
-  its own part (`storage/path[]`): 'shared' (one row), 'task_rows', 'pair_rows'."""
-  return {f'{part}/{k}[]': np.asarray(v)[None] if part == 'shared' else np.asarray(v)
-          for part in ('shared', 'task_rows', 'pair_rows')
-          for k, v in getattr(state, part).items()}
-
-
 def _every_process_writes_the_compilation_cache():
   """Test harness only: let processes other than 0 write the persistent compilation
   cache too. On XLA:CPU each process's programs have their own cache keys and JAX
@@ -81,7 +73,7 @@ def main(out_path, workdir, algorithm='hca2'):
       np.savez(out_path, num_devices=len(jax.devices()), num_processes=jax.process_count(),
                mesh_processes=len({d.process_index for d in mesh.devices.flat}),
                num_slots=run_lib.build_run(cfg).setting.num_slots,
-               eval=json.dumps(result['eval']), **many_task_arrays(state))
+               eval=json.dumps(result['eval']), **agreement.many_task_rows(state))
     return
   exp = experiment.build(cfg)
   if jax.process_index() != 0:

@@ -36,7 +36,6 @@ in-run α tuning and frozen zero-shot heads.
 
 from __future__ import annotations
 
-import os
 import time
 from logging import INFO
 from typing import Any, Iterable
@@ -49,7 +48,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
-from fedjax_mtl import report
 from fedjax_mtl.engines.many_task import ManyTaskEngine
 from fedjax_mtl.errors import ConfigError, DivergedError
 from fedjax_mtl.flower import codec, nodes, runtime
@@ -243,13 +241,7 @@ class ManyTaskStrategy(nodes.NodeStrategy):
   def write(self, workdir: str) -> None:
     """metrics.jsonl, config.json, results.md / results.csv and curves.png of the run
     in `workdir` (the engine's formats)."""
-    os.makedirs(workdir, exist_ok=True)
-    report.atomic_write(os.path.join(workdir, 'metrics.jsonl'), '')
-    report.append_jsonl(os.path.join(workdir, 'metrics.jsonl'), self.records)
-    report.atomic_write(os.path.join(workdir, 'config.json'),
-                        self.config.to_json_best_effort(indent=2))
-    final = [r for r in self.records
-             if r['type'] == 'eval' and r['round'] == self.config.num_rounds]
+    final = nodes.write_run(workdir, self.config, self.records)
     self.engine.write_reports(self.records, final, workdir)
 
 

@@ -10,6 +10,7 @@ stops with that line.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from logging import INFO
@@ -20,6 +21,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
+from fedjax_mtl import report
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.flower import codec
 
@@ -133,3 +135,13 @@ class NodeStrategy(Strategy):
 
   def summary(self) -> None:
     log(INFO, '\t├── fedjax_mtl %s over %d clients', self.config.algorithm, self.num_clients)
+
+
+def write_run(workdir: str, config, records: list[dict]) -> list[dict]:
+  """A Flower run's metrics.jsonl (`records`) and config.json in `workdir`, in the
+  engine's formats; returns the final round's eval rows (for the result tables)."""
+  os.makedirs(workdir, exist_ok=True)
+  report.atomic_write(os.path.join(workdir, 'metrics.jsonl'), '')
+  report.append_jsonl(os.path.join(workdir, 'metrics.jsonl'), records)
+  report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
+  return [r for r in records if r['type'] == 'eval' and r['round'] == config.num_rounds]

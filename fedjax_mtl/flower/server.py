@@ -218,13 +218,7 @@ class EngineStrategy(nodes.NodeStrategy):
     """metrics.jsonl, results.md and results.csv of the run in `workdir` (the
     engine's formats: `scripts/compare.py` and the notebooks read them)."""
     from fedjax_mtl.engines.dense import method_label
-    os.makedirs(workdir, exist_ok=True)
-    report.atomic_write(os.path.join(workdir, 'metrics.jsonl'), '')
-    report.append_jsonl(os.path.join(workdir, 'metrics.jsonl'), self.records)
-    report.atomic_write(os.path.join(workdir, 'config.json'),
-                        self.config.to_json_best_effort(indent=2))
-    final = [r for r in self.records
-             if r['type'] == 'eval' and r['round'] == self.config.num_rounds]
+    final = nodes.write_run(workdir, self.config, self.records)
     md, csv_text = report.results_table(method_label(self.config) + ' (Flower)', final, None)
     report.atomic_write(os.path.join(workdir, 'results.md'), md)
     report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
