@@ -36,7 +36,7 @@ from fedjax_mtl.engines.dense import zero_accs
 from fedjax_mtl.algorithms.base import merge_view, role_view
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.experiment import init_state
-from fedjax_mtl.flower import codec, many_task, runtime
+from fedjax_mtl.flower import codec, many_task, nodes, runtime
 from fedjax_mtl.state import FedState, GroupState
 
 PyTree = Any
@@ -221,17 +221,8 @@ def one_client_spec(spec, client: int):
                              index_table=spec.index_table[j:j + 1], counts=spec.counts[j:j + 1])
 
 
-_RUNTIMES: dict[str, ClientRuntime] = {}
-
-
-def client_runtime(config) -> ClientRuntime:
-  """The process's `ClientRuntime` of `config` (built once; a simulation's worker
-  serves many clients, one after the other)."""
-  key = codec.shared_fields(config)
-  if key not in _RUNTIMES:
-    _RUNTIMES.clear()
-    _RUNTIMES[key] = ClientRuntime(config)
-  return _RUNTIMES[key]
+# The process's `ClientRuntime` of a config (`client_runtime(config)`).
+client_runtime = nodes.per_config(ClientRuntime)
 
 
 def partition_id(context: Context) -> int:

@@ -307,17 +307,8 @@ class ManyTaskClient:
             [float(o[2]) for o in outs], [int(o[3]) for o in outs])
 
 
-_CLIENTS: dict[str, ManyTaskClient] = {}
-
-
-def client_runtime(config) -> ManyTaskClient:
-  """The process's `ManyTaskClient` of `config` (built once; a simulation's worker
-  serves many clients, one after the other)."""
-  key = codec.shared_fields(config)
-  if key not in _CLIENTS:
-    _CLIENTS.clear()
-    _CLIENTS[key] = ManyTaskClient(config)
-  return _CLIENTS[key]
+# The process's `ManyTaskClient` of a config (`client_runtime(config)`).
+client_runtime = nodes.per_config(ManyTaskClient)
 
 
 def train_reply(rt: ManyTaskClient, client: int, content: RecordDict) -> RecordDict:

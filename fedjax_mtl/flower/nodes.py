@@ -145,3 +145,18 @@ def write_run(workdir: str, config, records: list[dict]) -> list[dict]:
   report.append_jsonl(os.path.join(workdir, 'metrics.jsonl'), records)
   report.atomic_write(os.path.join(workdir, 'config.json'), config.to_json_best_effort(indent=2))
   return [r for r in records if r['type'] == 'eval' and r['round'] == config.num_rounds]
+
+
+def per_config(make):
+  """`make(config)` built once per config (its `codec.shared_fields`) in this process,
+  the newest kept: a simulation's worker serves many clients, one after the other."""
+  built: dict = {}
+
+  def get(config):
+    key = codec.shared_fields(config)
+    if key not in built:
+      built.clear()
+      built[key] = make(config)
+    return built[key]
+
+  return get
