@@ -221,8 +221,12 @@ def one_client_spec(spec, client: int):
                              index_table=spec.index_table[j:j + 1], counts=spec.counts[j:j + 1])
 
 
-# The process's `ClientRuntime` of a config (`client_runtime(config)`).
-client_runtime = nodes.per_config(ClientRuntime)
+_RUNTIMES: dict[str, ClientRuntime] = {}
+
+
+def client_runtime(config) -> ClientRuntime:
+  """The process's `ClientRuntime` of `config` (`nodes.built_once`)."""
+  return nodes.built_once(_RUNTIMES, config, ClientRuntime)
 
 
 def partition_id(context: Context) -> int:

@@ -307,8 +307,12 @@ class ManyTaskClient:
             [float(o[2]) for o in outs], [int(o[3]) for o in outs])
 
 
-# The process's `ManyTaskClient` of a config (`client_runtime(config)`).
-client_runtime = nodes.per_config(ManyTaskClient)
+_CLIENTS: dict[str, ManyTaskClient] = {}
+
+
+def client_runtime(config) -> ManyTaskClient:
+  """The process's `ManyTaskClient` of `config` (`nodes.built_once`)."""
+  return nodes.built_once(_CLIENTS, config, ManyTaskClient)
 
 
 def train_reply(rt: ManyTaskClient, client: int, content: RecordDict) -> RecordDict:

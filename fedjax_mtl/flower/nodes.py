@@ -147,16 +147,13 @@ def write_run(workdir: str, config, records: list[dict]) -> list[dict]:
   return [r for r in records if r['type'] == 'eval' and r['round'] == config.num_rounds]
 
 
-def per_config(make):
-  """`make(config)` built once per config (its `codec.shared_fields`) in this process,
-  the newest kept: a simulation's worker serves many clients, one after the other."""
-  built: dict = {}
-
-  def get(config):
-    key = codec.shared_fields(config)
-    if key not in built:
-      built.clear()
-      built[key] = make(config)
-    return built[key]
-
-  return get
+def built_once(built: dict, config, make):
+  """`make(config)`, kept in `built` (a module's dict) per config (its
+  `codec.shared_fields`), the newest only: a simulation's worker serves many clients,
+  one after the other. The callers are module-level functions, which Ray pickles by
+  reference (a closure would carry the built runtime, devices and all)."""
+  key = codec.shared_fields(config)
+  if key not in built:
+    built.clear()
+    built[key] = make(config)
+  return built[key]
