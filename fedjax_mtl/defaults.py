@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedjax_mtl import data, distributed, fields
-from fedjax_mtl.fields import SEED, SIZE, Field, above, at_least, fraction, unit
+from fedjax_mtl import data, distributed, fields, models
+from fedjax_mtl.fields import SEED, Field, above, at_least, fraction, unit
 
 
 def parse_arg(arg: str | None) -> tuple[str, dict[str, str]]:
@@ -133,51 +133,8 @@ ENGINE: dict[str, Field] = {
     'split_seed': Field(0, 'numpy seed of the random client partition of the train sets', SEED),
     'parts_clients_humans_only': Field(True, 'human_parts-only clients keep only images with '
                                        'humans (as the released code)'),
-    'data.source': Field('synthetic', 'synthetic (the built-in benchmark) or real '
-                         '(PASCAL-Context / NYUD-v2 caches)', choices=data.SOURCES),
-    'data.data_dir': Field('', "real data: folder holding PASCALContext/ and NYUDv2/ "
-                           "('' = $FEDJAX_MTL_DATA_DIR)"),
-    'data.cache_dir': Field('', "real data: caches from scripts/prepare_data.py ('' = "
-                            '<data_dir>/cache)'),
-    'data.chunk_steps': Field(2, 'real data: local steps per streamed host->device chunk',
-                              at_least(1)),
-    'data.workers': Field(0, 'real data: grain worker processes for augmentation (0 = threads '
-                          'in this process)', at_least(0)),
-    'data.threads': Field(2, 'real data: grain reader threads when workers = 0', at_least(0)),
-    # 'host': grain workers, 40-50 images/s per core at 512x512; 'device': the host only
-    # decodes and batches, data/device_augment.py applies the same transforms.
-    'data.augment': Field('host', 'real data: where training samples are augmented, host '
-                          '(grain workers) or device (the accelerator)',
-                          choices=data.AUGMENT_MODES),
-    'data.reproduce_parts_index_bug': Field(
-        False, "real data: the released code's misaligned human flags (spec §1.11 bug 1)"),
-    'data.seed': Field(0, 'seed of the synthetic images, and of real-data order and '
-                       'augmentation', SEED),
-    'data.resolution': Field({'pascal': (64, 64), 'nyud': (64, 64)}, 'per dataset: (height, '
-                             'width) of training and test images', SIZE, per_dataset=True),
-    'data.num_train': Field({'pascal': 400, 'nyud': 120}, 'synthetic data, per dataset: number '
-                            'of train images', at_least(1), per_dataset=True),
-    'data.num_test': Field({'pascal': 100, 'nyud': 60}, 'synthetic data, per dataset: number '
-                           'of test images', at_least(1), per_dataset=True),
-    # Tiny Swin (embed 16, one block per stage, window 4): the paper's encoder family at
-    # a size whose 8-round run takes about 2 minutes on 2 CPU cores.
-    'model.encoder': Field('swin_nano', 'encoder name, e.g. swin_nano, swin_t, conv_micro '
-                           '(fedjax_mtl/models/__init__.py ENCODERS)'),
-    'model.decoder': Field('hca2', "task decoders of the dense model: hca2 (FedHCA2's decoder "
-                           '+ head per task) or deeplab (a DeepLab-v3 ASPP head per task on the '
-                           "encoder's last stage: MaT-FL's and NTKFedAvg's benchmark A)",
-                           choices=lambda: _multitask().DECODERS),
-    'model.head_width': Field(256, "decoder='deeplab': channels of the ASPP and its projection "
-                              '(256 in the reference)', at_least(1)),
-    'model.kwargs': Field({}, "keyword arguments of the encoder, e.g. {'embed_dim': 8, "
-                          "'depths': (1, 1, 1, 1)}", mapping=True),
-    'model.dtype': Field('float32', 'compute dtype (bfloat16: bf16 compute, float32 params)',
-                         choices=('float32', 'bfloat16')),
-    # Keeps one activation per block instead of all of them (about one extra forward).
-    'model.remat': Field(False, "recompute each encoder block's forward in the backward pass "
-                         '(less memory, about one extra forward)'),
-    'model.pretrained_path': Field('', "converted encoder weights (.npz) all clients start "
-                                   "from ('' = random init)"),
+    **data.CONFIG.dotted(),
+    **models.CONFIG.dotted(),
     'optim.name': Field('adamw', "local optimizer: adamw, adam_amsgrad (MaT-FL's Adam, amsgrad, "
                         'L2 weight decay in the gradient) or sgd (torch SGD: L2 weight decay, '
                         'optim.momentum)', choices=lambda: _local().OPTIMIZERS),
@@ -234,11 +191,6 @@ ENGINE: dict[str, Field] = {
                           'algorithm or setting an override may name instead: they may differ '
                           "from their defaults while the run does not use them ('' = none)"),
 }
-
-
-def _multitask():
-  from fedjax_mtl.models import multitask
-  return multitask
 
 
 def _local():
