@@ -20,6 +20,7 @@ Without either, the run is one process and nothing here does anything.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -32,6 +33,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from fedjax_mtl import fields
 from fedjax_mtl.errors import ConfigError
@@ -305,3 +307,34 @@ def collective_bytes(hlo_text: str) -> list[tuple[str, int]]:
       size += n * _BYTES.get(dtype, 4)
     out.append((m.group(2), size))
   return out
+
+
+def client_mesh(config) -> Mesh:
+  """The run's devices (`num_devices`, 0: every visible one, of every process) along
+  one axis, `clients`, that client rows (the many-task setting: the round's slots)
+  are sharded over; ConfigError (one line) for more devices than are visible and, in
+  a multi-process run, for a split the processes cannot share (`check_processes`)."""
+  devices = jax.devices()
+  n = int(config.get('num_devices', 0)) or len(devices)
+  if n > len(devices):
+    raise ConfigError(f'num_devices={n} but only {len(devices)} devices are visible')
+  check_processes(n, devices)
+  return Mesh(np.asarray(devices[:n]), ('clients',))
+
+
+def check_processes(n_dev: int, devices) -> None:
+  """ConfigError unless the client axis splits evenly over the run's processes: every
+  process has the same number of devices and the mesh uses all of them (each group's
+  clients are padded to a multiple of the mesh size, so each process trains the same
+  number of client slots)."""
+  n_proc = jax.process_count()
+  if n_proc == 1:
+    return
+  per = collections.Counter(d.process_index for d in devices)
+  if len(set(per.values())) > 1:
+    raise ConfigError(f'the {n_proc} processes have unequal device counts '
+                      f'({", ".join(f"process {p}: {k}" for p, k in sorted(per.items()))}); '
+                      'the clients cannot be split evenly over them')
+  if n_dev != len(devices):
+    raise ConfigError(f'num_devices={n_dev} does not split the clients over the {n_proc} '
+                      f"processes' {len(devices)} devices; valid choices: 0 or {len(devices)}")

@@ -9,7 +9,6 @@ one process (a notebook, a resumed run, tests) reuses its compiled functions.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import json
@@ -22,7 +21,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_mtl import algorithms, federation, local_training, scenarios
+from fedjax_mtl import algorithms, distributed, federation, local_training, scenarios
 from fedjax_mtl.workdir import run_fields
 from fedjax_mtl.algorithms import plugin_math
 from fedjax_mtl.algorithms.base import ServerState
@@ -169,13 +168,8 @@ def _build(config) -> Experiment:
     num_train = {d: len(v['train']['image']) for d, v in data.items()}
     parts_filter = scenarios.label_parts_filter({d: v['train'] for d, v in data.items()})
   clients = scenarios.build_clients(config, num_train, parts_filter=parts_filter)
-  devices = jax.devices()
-  n_dev = config.num_devices or len(devices)
-  if n_dev > len(devices):
-    raise ConfigError(f'num_devices={n_dev} but only {len(devices)} devices are visible')
-  check_processes(n_dev, devices)
-  mesh = Mesh(np.asarray(devices[:n_dev]), ('clients',))
-  fed = federation.build_federation(clients, n_dev)
+  mesh = distributed.client_mesh(config)
+  fed = federation.build_federation(clients, mesh.size)
   models_train = [dense_model(config, encoder, g.head_channels, dtype) for g in fed.groups]
   models_eval = [m.clone(train=False) for m in models_train]
   labels, norm_modules = [], set()
@@ -197,24 +191,6 @@ def _build(config) -> Experiment:
                     models_train=models_train, models_eval=models_eval,
                     tx=local_training.make_optimizer(config.optim), algorithm=alg, labels=labels,
                     start_axes=uniform_start_axes(config, alg, labels))
-
-
-def check_processes(n_dev: int, devices) -> None:
-  """ConfigError unless the client axis splits evenly over the run's processes: every
-  process has the same number of devices and the mesh uses all of them (each group's
-  clients are padded to a multiple of the mesh size, so each process trains the same
-  number of client slots)."""
-  n_proc = jax.process_count()
-  if n_proc == 1:
-    return
-  per = collections.Counter(d.process_index for d in devices)
-  if len(set(per.values())) > 1:
-    raise ConfigError(f'the {n_proc} processes have unequal device counts '
-                      f'({", ".join(f"process {p}: {k}" for p, k in sorted(per.items()))}); '
-                      'the clients cannot be split evenly over them')
-  if n_dev != len(devices):
-    raise ConfigError(f'num_devices={n_dev} does not split the clients over the {n_proc} '
-                      f"processes' {len(devices)} devices; valid choices: 0 or {len(devices)}")
 
 
 def dense_model(config, encoder, head_channels: tuple[int, ...], dtype):

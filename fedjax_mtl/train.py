@@ -37,8 +37,7 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
   SIGTERM or SIGINT during a round ends the run after that round with its checkpoint
   saved: `preempt.Stopped` (`fedjax_mtl.preempt`).
   """
-  validate.check_run(config, workdir)
-  engines.check(config)
+  validate.check_run(config, workdir)  # `setting` among them
   distributed.initialize(config)  # before JAX's backends (a no-op for one process)
   with workdir_lib.primary_lock(workdir):  # one writer: before the workdir is read
     workdir_lib.check_config(config, workdir)

@@ -69,7 +69,7 @@ def main(out_path, workdir, algorithm='hca2'):
   if algorithm == 'many_fedavg':
     if jax.process_index() == 0:
       from fedjax_mtl.manytask import run as run_lib
-      mesh = run_lib.make_mesh(cfg)
+      mesh = distributed.client_mesh(cfg)
       np.savez(out_path, num_devices=len(jax.devices()), num_processes=jax.process_count(),
                mesh_processes=len({d.process_index for d in mesh.devices.flat}),
                num_slots=run_lib.build_run(cfg).setting.num_slots,

@@ -65,14 +65,9 @@ class Engine(Protocol):
     """Plots and result tables of a finished run (`rows`: all of metrics.jsonl)."""
 
 
-def check(config) -> None:
-  """ConfigError for a setting the run cannot take (before JAX's backends start)."""
-  check_choice('setting', config.get('setting', 'dense'), SETTINGS)
-
-
 def build(config) -> Engine:
   """The engine of `config.setting`, built (data opened by `Engine.open`)."""
-  check(config)
+  check_choice('setting', config.get('setting', 'dense'), SETTINGS)
   if config.get('setting', 'dense') == 'many_task':
     from fedjax_mtl.engines.many_task import ManyTaskEngine
     return ManyTaskEngine(config)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import algorithms, distributed, report
+from fedjax_mtl import algorithms, report
 from fedjax_mtl.manytask import run as run_lib
 from fedjax_mtl.manytask.feed import RoundFeed
 
@@ -43,12 +43,9 @@ class ManyTaskEngine:
     # The state lives on one device, committed there (every call sees the shardings of
     # the first: one compiled round), or replicated over the run's devices, whose
     # processes each hold every input (`run_lib.place`).
-    if mesh.size == 1:
-      self.sharding = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
-      self.put = jax.device_put
-    else:
-      self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-      self.put = lambda tree: distributed.put_replicated(tree, self.sharding)
+    self.sharding = (jax.sharding.SingleDeviceSharding(mesh.devices.flat[0]) if mesh.size == 1
+                     else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    self.put = lambda tree: run_lib.place(mesh, tree)
     self.schedule = self.put(jnp.asarray(setting.schedule))
     self.feed = self.test = None
     self._start_shared = None
@@ -69,7 +66,7 @@ class ManyTaskEngine:
     """The round-0 state, on the device."""
     state = run_lib.init_state(self.run)
     return (jax.device_put(state, self.sharding) if self.run.mesh.size == 1
-            else self.put(state))
+            else self.put(state))  # one device: committed (`self.sharding`)
 
   def abstract_state(self):
     """The round-0 state's shapes (what a checkpoint restores into)."""

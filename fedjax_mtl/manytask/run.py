@@ -119,21 +119,11 @@ class Run:
   val: object = None
   alphas: np.ndarray | None = None
   alpha_tune_fn: object = None
-  # The devices the round's slots are spread over (`make_mesh`).
+  # The devices the round's slots are spread over (`distributed.client_mesh`).
   mesh: Mesh | None = None
   # `round_fn`'s pieces as plain functions (`engine.round_parts`: the Flower adapter
   # trains slots on the clients and aggregates on the server with them).
   round_parts: object = None
-
-
-def make_mesh(config) -> Mesh:
-  """The devices of the run (`num_devices`, 0: every visible one, of every process)
-  along one axis, `clients`, that the round's slots are spread over."""
-  devices = jax.devices()
-  n = int(config.get('num_devices', 0)) or len(devices)
-  if n > len(devices):
-    raise ConfigError(f'num_devices={n} but only {len(devices)} devices are visible')
-  return Mesh(np.asarray(devices[:n]), ('clients',))
 
 
 def pad_slots(setting: setting_lib.Setting, n: int) -> setting_lib.Setting:
@@ -147,10 +137,10 @@ def pad_slots(setting: setting_lib.Setting, n: int) -> setting_lib.Setting:
 
 
 def place(mesh: Mesh, tree):
-  """Arrays replicated over the run's devices (of every process); `tree` itself on
-  one device (the programs take it as it is)."""
+  """Host arrays on the run's devices: on one device as `jax.device_put` places them,
+  else replicated over the mesh (of every process)."""
   if mesh.size == 1:
-    return tree
+    return jax.device_put(tree)
   return distributed.put_replicated(tree, NamedSharding(mesh, P()))
 
 
@@ -186,7 +176,7 @@ def build_run(config) -> Run:
                                      int(config.data.seed))
   setting = setting_lib.build_setting(tasks, data, cfg, int(config.num_rounds),
                                       int(config.split_seed), cfg.benchmark)
-  mesh = make_mesh(config)
+  mesh = distributed.client_mesh(config)
   setting = pad_slots(setting, mesh.size)
   model = model_lib.make_model(cfg, setting.max_classes)
   params = vit.init_params(model, jax.random.PRNGKey(int(config.seed)))
@@ -215,7 +205,7 @@ def build_run(config) -> Run:
     tune_fn = engine.make_alpha_tuner(setting, model, np.array([len(y) for _, y in val]),
                                       int(config.eval_batch_size), alphas, heads)
   return Run(config=config, setting=setting, data=data, model=model, backbone=backbone,
-             val=place(mesh, jax.device_put(concat_split(val))) if val is not None else None, alphas=alphas,
+             val=place(mesh, concat_split(val)) if val is not None else None, alphas=alphas,
              mesh=mesh,
              alpha_tune_fn=tune_fn,
              trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
