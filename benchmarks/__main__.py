@@ -32,6 +32,9 @@
                                   the collectives of a round
               --only=flower       the smoke round in Flower's simulation engine vs the
                                   engine's, and where its time goes
+  edge        --only=odsf         host-side edge odsF at PASCAL size (500x375): seconds per
+                                  image, the worker pool's throughput on 1..all cores and
+                                  the time for 5,105 test images per edge client
   gpu         --only=gpu          MFU and per-client memory of every paper config's
                                   client step on the accelerator found (bf16)
               --only=ntk_step     NTKFedAvg's linearised step vs the plain one
@@ -49,7 +52,7 @@ import sys
 
 import jax
 
-from benchmarks import engine, feddea, gpu, many_task, models, multihost, pipeline, rules
+from benchmarks import edge, engine, feddea, gpu, many_task, models, multihost, pipeline, rules
 from benchmarks.common import jsonl_log
 from benchmarks.torch_compare import serve
 from fedjax_mtl import cpu_isa, hostmem
@@ -110,6 +113,7 @@ RUNS = {
     'scan_conv': lambda a: {'scan_conv': models.bench_scan_conv(a.repeats)},
     'multihost': lambda a: {'multihost': multihost.bench_multihost()},
     'flower': lambda a: {'flower': multihost.bench_flower()},
+    'odsf': lambda a: {'odsf': edge.bench(a)},
 }
 # --only=all (the default). The others are left out of it: they compile at paper scale,
 # take minutes on a CPU, start processes or need an accelerator or an extra.
@@ -118,7 +122,7 @@ ALL = ('engine', 'pipeline', 'hca2', 'swin')
 PARTS = ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
          'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine', 'memory',
          'unified_memory', 'many_memory', 'vit_lora', 'matu_server', 'matu_client', 'gpu',
-         'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost', 'flower')
+         'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost', 'flower', 'odsf')
 CHOICES = (*RUNS, 'all')
 
 

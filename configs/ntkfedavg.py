@@ -124,7 +124,7 @@ def _pascal_setup(c, variant: str, items: dict) -> None:
   o.name, o.schedule, o.round_decay, o.reset_each_round = 'adam_amsgrad', 'round_decay', 0.99, True
   o.lr, o.weight_decay, o.warmup_epochs = 1e-3, 1e-4, 0
   c.batch_size, c.num_rounds, c.eval_every, c.checkpoint_every = 16, 10, 1, 5
-  c.sal_metric, c.eval_edge_ods = 'mIoU', False  # MaT-FL does not score edges
+  c.sal_metric, c.eval_edge_ods = 'mIoU', 'off'  # MaT-FL does not score edges
   epochs = WORK[work][0 if variant == 'paper' else 1]
   c.local_epochs = {'pascal': epochs}
   c.data.resolution = {'pascal': (32, 32)}

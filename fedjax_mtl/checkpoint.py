@@ -51,6 +51,26 @@ class Checkpointer:
     finally:
       mngr.close()
 
+  @staticmethod
+  def saved_in(directory: str) -> list[int]:
+    """Every checkpointed round under `directory`, oldest first; creates nothing."""
+    if not os.path.isdir(directory):
+      return []
+    mngr = ocp.CheckpointManager(os.path.abspath(directory),
+                                 options=ocp.CheckpointManagerOptions(create=False))
+    try:
+      return sorted(mngr.all_steps())
+    finally:
+      mngr.close()
+
+  def restore(self, step: int, abstract_state: FedState) -> FedState:
+    """The state saved at round `step`; ConfigError when it is another config's or
+    its data cannot be read."""
+    try:
+      return self._restore_step(step, abstract_state)
+    except _Unreadable as e:
+      raise ConfigError(f'checkpoint {self._step_dir(step)} is unreadable: {e}') from None
+
   def latest_round(self) -> int | None:
     """Number of completed rounds in the newest checkpoint, or None."""
     return self._mngr.latest_step()

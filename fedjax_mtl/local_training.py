@@ -367,9 +367,41 @@ def group_rows(group: GroupSpec, rows: tuple[int, ...] | None = None) -> GroupRo
                    task_ids=jnp.asarray(group.task_ids[sel]))
 
 
+def map_clients(fn: Callable, in_axes: tuple, max_parallel: int = 0) -> Callable:
+  """`fn` over the client axis: `jax.vmap(fn, in_axes)` (every client of the group in
+  one batched step), or with `max_parallel` > 0 `jax.lax.map` over the clients in
+  vmapped batches of `max_parallel` (`max_parallel_clients`: a group's peak memory is
+  then that of `max_parallel` clients, for the time of the sequential batches).
+  `in_axes` entries are 0 (a row per client), None (shared) or a pytree of those
+  (a prefix of the argument), as for `jax.vmap`; outputs have the client axis first."""
+  if not max_parallel:
+    return jax.vmap(fn, in_axes=in_axes)
+
+  def call(*args):
+    axes = [jax.tree.map(lambda ax, sub: jax.tree.map(lambda _: ax, sub), ax, arg,
+                         is_leaf=lambda x: x is None)
+            if not (ax is None or isinstance(ax, int)) else jax.tree.map(lambda _: ax, arg)
+            for ax, arg in zip(in_axes, args)]
+    leaves, treedef = jax.tree.flatten(list(args))
+    ax_leaves = jax.tree.leaves(axes, is_leaf=lambda x: x is None)
+    assert len(ax_leaves) == len(leaves) and set(ax_leaves) <= {0, None}, ax_leaves
+    mapped = [i for i, ax in enumerate(ax_leaves) if ax == 0]
+
+    def one(xs):
+      full = list(leaves)
+      for i, x in zip(mapped, xs):
+        full[i] = x
+      return fn(*jax.tree.unflatten(treedef, full))
+
+    return jax.lax.map(one, [leaves[i] for i in mapped], batch_size=max_parallel)
+
+  return call
+
+
 def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
                        optim_cfg, batch_size: int, total_rounds: int, alg: Algorithm,
-                       labels: PyTree, start_axes: PyTree = 0) -> Callable:
+                       labels: PyTree, start_axes: PyTree = 0, max_steps: int = 0,
+                       max_parallel: int = 0) -> Callable:
   """Returns `train(gstate, data, round, key, start=None) -> (gstate, metrics)` for this group.
 
   `gstate` is the group's `GroupState` (leading client axis); `data` = the
@@ -385,6 +417,9 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   params), as the engine trains them among the others. `total` (traced int32): the
   run's rounds, which the learning-rate schedule spans, as an argument instead of
   the constant `total_rounds`, so that one program serves any number of rounds.
+  `max_steps` > 0 keeps each client's first `max_steps` steps of the round
+  (`max_steps_per_round`); `max_parallel` > 0 trains the clients in batches of that
+  many (`map_clients`, `max_parallel_clients`).
   """
   epochs = group.local_epochs
   used = ('image',) + group.tasks_used
@@ -403,11 +438,14 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     idx, mask = jax.vmap(lambda r, c, k: batch_plan(r, c, k, epochs, batch_size))(
         rows.index_table, rows.counts, plan_keys)
     steps_per_epoch = idx.shape[1] // epochs
+    if max_steps:
+      idx, mask = idx[:, :max_steps], mask[:, :max_steps]
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
     lrs = step_lrs(epoch_of_step, round_idx, optim_cfg, total * epochs)
     gstate = gstate.replace(opt_state=fresh_opt_state(tx, optim_cfg, gstate.opt_state,
                                                       gstate.params))
-    gstate, loss = jax.vmap(train_client, in_axes=(0, axes, 0, 0, 0, None, None, 0, None))(
+    gstate, loss = map_clients(train_client, (0, axes, 0, 0, 0, None, None, 0, None),
+                               max_parallel)(
         gstate, start, rows.task_ids, idx, mask, lrs, data, step_keys, round_idx)
     loss, first, last = loss
     return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1), 'first_loss': first,
@@ -425,7 +463,7 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
 
 def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransformation,
                        optim_cfg, total_rounds: int, alg: Algorithm, labels: PyTree,
-                       start_axes: PyTree = 0) -> Callable:
+                       start_axes: PyTree = 0, max_parallel: int = 0) -> Callable:
   """Returns `train_chunk(gstate, start, acc, chunk, key, round) -> (gstate, acc)` for streamed data.
 
   `start` = the group's params at the start of the round (leaves where
@@ -435,8 +473,8 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   `make_group_trainer`, so dropout streams match per step). `acc` =
   {'loss_sum' [n, slots], 'steps' [n], 'first_loss' [n], 'last_loss' [n]}
   accumulates over a round's chunks. `ids` ([n] int32, default every row): the group
-  rows `gstate` holds, when it holds only some (one client trained alone). `total`:
-  as in `make_group_trainer`.
+  rows `gstate` holds, when it holds only some (one client trained alone). `total`,
+  `max_parallel`: as in `make_group_trainer`.
   """
   task_ids = jnp.asarray(group.task_ids)
   scan = _make_client_scan(group, model_train, tx, alg, labels, lambda b: b)
@@ -449,9 +487,9 @@ def make_chunk_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
       fresh = fresh_opt_state(tx, optim_cfg, gstate.opt_state, gstate.params)
       gstate = gstate.replace(opt_state=jax.tree.map(
           lambda a, b: jnp.where(chunk['step'][0] == 0, a, b), fresh, gstate.opt_state))
-    gstate, loss_sum, totals = jax.vmap(
+    gstate, loss_sum, totals = map_clients(
         lambda cs, s, t, x, m, k: scan(cs, s, t, (x, m, lrs, chunk['step']), k, round_idx),
-        in_axes=(0, start_axes, 0, 0, 0, 0))(
+        (0, start_axes, 0, 0, 0, 0), max_parallel)(
             gstate, start, tids, chunk['x'], chunk['mask'], step_keys)
     first, last = jax.vmap(edge_losses)(totals, chunk['mask'])
     real = jnp.any(chunk['mask'].astype(bool), axis=1)

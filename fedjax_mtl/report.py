@@ -223,6 +223,9 @@ def curves_figure(rows: list[dict]) -> Figure | None:
       ax_loss.plot([r['round'] for r in mine], _floats([r['loss'] for r in mine]),
                    color=colour, ls=ls, lw=1.4, label=client)
       ev = [r for r in evals if (r.get('dataset', ''), r['task'], r['client']) == (*key, client)]
+      # The last evaluation's metric only (eval_edge_ods='final': odsF at the last
+      # evaluation, the edge test loss at those before it).
+      ev = [r for r in ev if r['metric'] == ev[-1]['metric']]
       if ev:
         metric = ev[0]['metric']
         ax_metric.plot([r['round'] for r in ev], _floats([r['value'] for r in ev]),

@@ -202,7 +202,9 @@ def make_train_fns(exp: Experiment) -> list:
 
   return [train_fn(g, local_training.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
                                                cfg.num_rounds, exp.algorithm, lab,
-                                               start_axes(exp, g)))
+                                               start_axes(exp, g),
+                                               int(cfg.get('max_steps_per_round', 0)),
+                                               int(cfg.get('max_parallel_clients', 0))))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
@@ -225,7 +227,8 @@ def make_chunk_fns(exp: Experiment) -> list:
                    compiler_options=train_compiler_options(cfg))
 
   return [chunk_fn(g, local_training.make_chunk_trainer(spec, m, exp.tx, cfg.optim, cfg.num_rounds,
-                                               exp.algorithm, lab, start_axes(exp, g)))
+                                               exp.algorithm, lab, start_axes(exp, g),
+                                               int(cfg.get('max_parallel_clients', 0))))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
@@ -337,8 +340,11 @@ def make_stats_fn(exp: Experiment):
 
 
 def group_steps(exp: Experiment) -> list[int]:
-  """Local steps of each client group's round (its longest client's)."""
-  return [g.local_epochs * (max(g.counts) // exp.config.batch_size) for g in exp.fed.groups]
+  """Local steps of each client group's round (its longest client's, at most
+  `max_steps_per_round` when that is set)."""
+  cap = int(exp.config.get('max_steps_per_round', 0))
+  steps = [g.local_epochs * (max(g.counts) // exp.config.batch_size) for g in exp.fed.groups]
+  return [min(s, cap) if cap else s for s in steps]
 
 
 def eval_variables(exp: Experiment, gs: GroupState) -> tuple[PyTree, PyTree]:

@@ -11,11 +11,12 @@ programs on them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator
 
 import numpy as np
 
-from fedjax_mtl import distributed, evaluate
+from fedjax_mtl import distributed, evaluation
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.data import real
 from fedjax_mtl.errors import check_choice
@@ -27,7 +28,7 @@ PyTree = Any
 def device_data(exp: Experiment) -> tuple[dict, dict]:
   """Train arrays and batched test arrays on device (replicated over the mesh)."""
   train = {d: {'train': v['train']} for d, v in exp.data.items()}
-  test = {d: evaluate.batch_test_split(v['test'], exp.config.eval_batch_size)
+  test = {d: evaluation.batch_test_split(v['test'], exp.config.eval_batch_size)
           for d, v in exp.data.items()}
   return (distributed.put_replicated(train, exp.replicated),
           distributed.put_replicated(test, exp.replicated))
@@ -160,12 +161,12 @@ def group_feed_spec(exp: Experiment, g) -> real.GroupFeedSpec:
   """The streamed plan of client group `g`'s local steps (chunks of its round)."""
   cfg, fed = exp.config, exp.fed
   chunk_steps = int(cfg.data.get('chunk_steps', 2))
-  return real.GroupFeedSpec(
+  spec = real.GroupFeedSpec(
       dataset=g.dataset, client_ids=g.client_ids, num_total=g.num_total,
       counts=tuple(fed.clients[c].num_train for c in g.client_ids), epochs=g.local_epochs,
-      batch_size=cfg.batch_size,
-      chunk_steps=min(chunk_steps, g.local_epochs * (max(g.counts) // cfg.batch_size)),
-      keys=g.tasks_used)
+      batch_size=cfg.batch_size, chunk_steps=chunk_steps, keys=g.tasks_used,
+      max_steps=int(cfg.get('max_steps_per_round', 0)))
+  return dataclasses.replace(spec, chunk_steps=min(chunk_steps, spec.num_steps))
 
 
 def eval_source(exp: Experiment, dataset: str, keys: tuple[str, ...]) -> real.EvalBatches:

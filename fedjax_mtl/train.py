@@ -13,6 +13,8 @@ The loop knows only the `engines.Engine` interface; the workdir's files are
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 
@@ -91,17 +93,22 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
         if diverged:  # the round is not committed: no rows, no checkpoint
           break
         rows = engine.round_rows(rnd, out)
+        t = time.perf_counter()
         eval_rows = engine.evaluate(state, rnd) if rnd in eval_rounds else []
+        eval_s = time.perf_counter() - t
         wd.log(rows + eval_rows)
         # SIGTERM / SIGINT: this round is saved and the run stops (every process at the
         # same round); in the last round the run just finishes.
         stop = signals.stop_after(rnd) if rnd < total else None
+        t = time.perf_counter()
         if rnd % config.checkpoint_every == 0 or rnd == total or stop:
           ckpt.save(rnd, state)
+        save_s = time.perf_counter() - t  # the loop's wait; the write finishes in the background
         dt = prog.round_seconds()
         prog.round_end(rnd, dt, bool(eval_rows), summary(rnd, total, dt, rows, eval_rows,
                                                          engine.eval_summary(eval_rows)))
-        wd.log_time(rnd, dt, bool(eval_rows))  # metrics.jsonl stays identical across resumes
+        # metrics.jsonl stays identical across resumes; timings go to timing.jsonl
+        wd.log_time(rnd, dt, bool(eval_rows), eval_s, save_s)
         if stop:
           stopped = preempt.Stopped(rnd, stop)
           break

@@ -56,7 +56,8 @@ def __getattr__(name: str):
 
 # Fields a Δm reference run must share with this run for its columns
 # (`client/task metric`, report.column_name) to hold comparable numbers: the
-# clients and tasks, their test data, the client partition and the edge metric.
+# clients and tasks, their test data, the client partition and the edge metric
+# (of the final evaluation: `_final_value`).
 DELTA_M_FIELDS = ('scenario', 'tasks', 'split_seed', 'parts_clients_humans_only',
                   'eval_edge_ods', 'data.source', 'data.resolution',
                   'data.reproduce_parts_index_bug')
@@ -362,6 +363,15 @@ def _json_value(v):
   return json.loads(json.dumps(_plain(v)))
 
 
+def _final_value(name: str, value):
+  """A DELTA_M_FIELDS value as the final evaluation sees it: `eval_edge_ods` as the
+  final round's edge metric ('every' and 'final' both give odsF; the config.json of a
+  run before the field had three values holds true = 'every' or false = 'off')."""
+  if name == 'eval_edge_ods':
+    return 'loss' if value in (False, 'off') else 'odsF'
+  return value
+
+
 def check_delta_m_reference(config) -> None:
   """`delta_m_reference` is a finished run of a comparable setting with usable values."""
   ref = config.get('delta_m_reference', '')
@@ -380,8 +390,8 @@ def check_delta_m_reference(config) -> None:
   names = DELTA_M_FIELDS + (DELTA_M_SYNTHETIC_FIELDS if config.data.source == 'synthetic'
                             else ())
   known, mine = defaults(), leaves(config)
-  diffs = [n for n in names
-           if _lookup(old, n, _json_value(known[n])) != _json_value(mine[n])]
+  diffs = [n for n in names if _final_value(n, _lookup(old, n, _json_value(known[n])))
+           != _final_value(n, _json_value(mine[n]))]
   if diffs:
     raise ConfigError(f'{what} is a run of another setting (fields: {", ".join(diffs)}); '
                       'its Δm columns would not compare the same clients and data')

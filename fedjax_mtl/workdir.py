@@ -42,8 +42,8 @@ LOCK_FILE = '.lock'
 # Config fields that do not change what a run computes: they may change
 # between a run and its resumption (dotted names are nested fields).
 RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'tensorboard', 'eval_edge_ods',
-                    'delta_m_reference', 'data.workers', 'data.threads', 'data.data_dir',
-                    'data.cache_dir', 'distributed', 'spare_blocks')
+                    'eval_ods_workers', 'delta_m_reference', 'data.workers', 'data.threads',
+                    'data.data_dir', 'data.cache_dir', 'distributed', 'spare_blocks')
 
 
 def run_fields(config, keep: tuple[str, ...] = ()) -> dict:
@@ -123,6 +123,67 @@ def check_config(config, workdir: str) -> None:
     raise ConfigError(
         f'workdir {workdir!r} holds a run with a different config (fields: '
         f'{", ".join(diffs)}); use a new --workdir or the same config to resume')
+
+
+def saved_config(workdir: str):
+  """The config of the run in `workdir`, rebuilt from its config.json (the engine's
+  fields and the plug-in blocks it names, at the saved values); ConfigError (one line)
+  when there is no run there or the file does not rebuild to the same fields."""
+  from fedjax_mtl import validate
+  from fedjax_mtl.defaults import base_config
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    raise ConfigError(f'{workdir!r} holds no run (no config.json); give the workdir of a '
+                      'training run')
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+    config = base_config(None, algorithm=str(saved.get('algorithm', 'fedavg')))
+  except (ValueError, ConfigError) as e:
+    raise ConfigError(f'cannot rebuild the config of {path}: {" ".join(str(e).split())}') from None
+  blocks = validate.blocks()
+  for name in saved:
+    if name not in config and name in blocks:
+      config[name] = blocks[name].config()
+  try:
+    _assign(config, saved, '')
+  except (KeyError, TypeError, ValueError) as e:
+    raise ConfigError(f'cannot rebuild the config of {path} with this version: '
+                      f'{" ".join(str(e).split())}') from None
+  if config_diffs(config, workdir):
+    raise ConfigError(f'cannot rebuild the config of {path} with this version (fields: '
+                      f'{", ".join(config_diffs(config, workdir))})')
+  try:
+    validate.check_config(config)
+  except ConfigError as e:
+    raise ConfigError(f'cannot rebuild the config of {path} with this version: {e}') from None
+  return config
+
+
+# Values older versions wrote for a field whose type changed since: {field: {old: new}}.
+LEGACY_VALUES = {'eval_edge_ods': {True: 'every', False: 'off'}}
+
+
+def _assign(node, values: dict, prefix: str) -> None:
+  """Set a ConfigDict's fields from their JSON values (tuples back from lists)."""
+  for k, v in values.items():
+    old = node[k] if k in node else None
+    legacy = LEGACY_VALUES.get(prefix + k, {})
+    if isinstance(v, bool) and v in legacy and not isinstance(old, bool):
+      v = legacy[v]
+    if k not in node and not hasattr(node, 'keys'):
+      raise KeyError(f'unknown field {prefix}{k}')
+    if hasattr(old, 'keys') and isinstance(v, dict):
+      if not v:
+        node[k] = v
+      else:
+        _assign(old, v, f'{prefix}{k}.')
+      continue
+    if isinstance(v, list) and (isinstance(old, tuple) or old is None or hasattr(old, 'keys')):
+      v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+    if isinstance(old, float) and isinstance(v, int) and not isinstance(v, bool):
+      v = float(v)
+    node[k] = v
 
 
 class WorkdirLocked(ConfigError):
@@ -343,11 +404,14 @@ class Workdir:
     if self.sink is not None:
       self.sink.write(rows)
 
-  def log_time(self, rnd: int, seconds: float, evaluated: bool) -> None:
-    """Round `rnd`'s wall seconds to timing.jsonl."""
+  def log_time(self, rnd: int, seconds: float, evaluated: bool, eval_s: float = 0.,
+               checkpoint_s: float = 0.) -> None:
+    """Round `rnd`'s wall seconds to timing.jsonl, with the evaluation's seconds and
+    the seconds the loop waited on the checkpoint save (both within `seconds`)."""
     if self.primary:
       report.append_jsonl(self.timing_path, [{'round': rnd, 'seconds': seconds,
-                                              'eval': evaluated}])
+                                              'eval': evaluated, 'eval_s': eval_s,
+                                              'checkpoint_s': checkpoint_s}])
 
   def rows(self) -> list[dict]:
     """Every row of metrics.jsonl."""

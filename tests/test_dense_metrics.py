@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_mtl import evaluate, tasks
+from fedjax_mtl import evaluation, tasks
 from fedjax_mtl.federation import GroupSpec
 from fedjax_mtl.metrics import dense
 
@@ -327,7 +327,7 @@ def test_task_stats_rejects_unknown_task():
 
 
 # ----------------------------------------------------------------------------
-# evaluate.py helpers: padded test batching and per-client finalisation
+# evaluation.py helpers: padded test batching and per-client finalisation
 
 
 def test_batch_test_split_pads_with_ignore_and_keeps_pooled_stats():
@@ -339,7 +339,7 @@ def test_batch_test_split_pads_with_ignore_and_keeps_pooled_stats():
     c = tasks.DATASETS['pascal'].channels(task) if task != 'depth' else 1
     o, l = make_batch(rng, task, n, c, 0.2)
     split[task], outs[task] = l, o
-  batched = evaluate.batch_test_split(split, bs)
+  batched = evaluation.batch_test_split(split, bs)
   assert batched['image'].shape == (3, bs, H, W, 3)
   assert np.all(batched['image'].reshape(-1, H, W, 3)[n:] == 0)
   for task in ('semseg', 'sal', 'normals', 'depth', 'edge'):
@@ -365,7 +365,7 @@ def test_batch_test_split_pads_with_ignore_and_keeps_pooled_stats():
 def test_batch_test_split_without_padding_is_a_reshape():
   x = {'image': np.arange(4 * 2 * 2 * 3, dtype=np.uint8).reshape(4, 2, 2, 3),
        'semseg': np.arange(16, dtype=np.uint8).reshape(4, 2, 2)}
-  b = evaluate.batch_test_split(x, 2)
+  b = evaluation.batch_test_split(x, 2)
   np.testing.assert_array_equal(b['image'], x['image'].reshape(2, 2, 2, 2, 3))
   np.testing.assert_array_equal(b['semseg'], x['semseg'].reshape(2, 2, 2, 2))
 
@@ -387,7 +387,7 @@ def test_finalize_group_picks_each_clients_task_and_stats():
       head_channels=(21,), slot_tasks=(('semseg', 'sal'),), local_epochs=1,
       index_table=np.zeros((2, 4), np.int32), counts=np.array([4, 4]))
   clients = {3: types.SimpleNamespace(name='a'), 5: types.SimpleNamespace(name='b')}
-  rows = evaluate.finalize_group(group, group_stats, clients)
+  rows = evaluation.finalize_group(group, group_stats, clients)
   assert [(r['client'], r['task'], r['metric']) for r in rows] == [
       ('a', 'semseg', 'mIoU'), ('b', 'sal', 'maxF')]
   assert all(r['dataset'] == 'pascal' for r in rows)

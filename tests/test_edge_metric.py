@@ -253,6 +253,7 @@ def test_merge_and_parallel_match_sequential():
     par = E.EdgeODSAccumulator(max_dist=0.03, num_workers=2)
     par.update_many(preds, [g] * 4)
     np.testing.assert_array_equal(par.counts, seq.counts)
+    par.close()
 
 
 # --------------------------------------------------------------------- NMS/thin

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
+import agreement
 from fedjax_mtl import experiment, federation, local_training, rounds, sources, train
 from fedjax_mtl.engines.dense import DenseEngine
 from fedjax_mtl.report import read_jsonl
@@ -113,6 +114,36 @@ def test_group_trainer_freezes_padding_steps_and_padding_clients():
       assert any(not np.array_equal(x[j], y[j]) for x, y in zip(a, b)), (j, name)
   # Each client's loss is the loss of its own task (slot 0 holds different tasks).
   assert np.all(np.isfinite(metrics['loss'])) and np.unique(metrics['loss']).size > 1
+  # `max_steps_per_round`: every real client stops after that many steps.
+  capped = jax.jit(local_training.make_group_trainer(
+      spec, exp.models_train[g], exp.tx, cfg.optim, cfg.batch_size, cfg.num_rounds,
+      exp.algorithm, exp.labels[g], max_steps=3))
+  one, m3 = capped(jax.tree.map(jnp.copy, state.groups[g]), train_data[spec.dataset]['train'],
+                   jnp.int32(2), jax.random.PRNGKey(1))
+  np.testing.assert_array_equal(_np(m3)['steps'][:spec.num_real], 3)
+  counts = [x for x in jax.tree.leaves(_np(one).opt_state) if x.dtype == np.int32]
+  np.testing.assert_array_equal(counts[0][:spec.num_real], 3)
+  cfg_capped = tiny_config('local', max_steps_per_round=3)
+  assert rounds.group_steps(experiment.build(cfg_capped)) == [3] * len(exp.fed.groups)
+  # `max_parallel_clients`: the clients in sequential batches of 2 (lax.map) train as
+  # the one vmapped step does, up to float reassociation (SGD: Adam's normalisation
+  # would turn reassociation noise in near-zero gradients into lr-sized steps).
+  sgd = tiny_config('local', **agreement.SGD)
+  exp = experiment.build(sgd)
+  state = experiment.init_state(exp)
+  train_data, _ = sources.device_data(exp)
+  runs = []
+  for k in (0, 2):
+    tr = jax.jit(local_training.make_group_trainer(
+        spec, exp.models_train[g], exp.tx, sgd.optim, sgd.batch_size, sgd.num_rounds,
+        exp.algorithm, exp.labels[g], max_parallel=k))
+    runs.append(_np(tr(jax.tree.map(jnp.copy, state.groups[g]),
+                       train_data[spec.dataset]['train'], jnp.int32(2), jax.random.PRNGKey(1))))
+  (vm, vm_m), (lm, lm_m) = runs
+  np.testing.assert_array_equal(lm_m['steps'], vm_m['steps'])
+  np.testing.assert_allclose(lm_m['loss'], vm_m['loss'], rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(lm.params), jax.tree.leaves(vm.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_model_remat_reaches_the_encoder_and_survives_compilation():

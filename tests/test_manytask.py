@@ -388,3 +388,15 @@ def test_matfl_round_groups_the_pairs_of_the_local_round(local_round1):
     np.testing.assert_allclose(np.asarray(grouped.pair_rows[k])[slots[real]],
                                np.asarray(mixed[k])[real], rtol=1e-5, atol=1e-6)
   assert np.asarray(out['agg']['matfl_encoder_labels'])[~real].tolist() == [-1] * (~real).sum()
+
+
+def test_max_steps_per_round_keeps_each_slots_first_steps():
+  # A slot's plan capped at `max_steps` is the first `max_steps` steps of its plan
+  # (epochs or fixed steps); the round's program then runs only those.
+  row, key = jnp.arange(40, dtype=jnp.int32), jax.random.PRNGKey(3)
+  for epochs, steps in ((2, 0), (0, 7)):
+    full = engine._plan(row, jnp.int32(37), key, epochs, 5, steps, 8)
+    capped = engine._plan(row, jnp.int32(37), key, epochs, 5, steps, 8, max_steps=3)
+    for a, b in zip(full, capped):
+      np.testing.assert_array_equal(np.asarray(a)[:3], np.asarray(b))
+    assert capped[0].shape == (3, 8)

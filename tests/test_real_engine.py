@@ -15,6 +15,7 @@ import agreement
 from conftest import tiny_config
 from fake_datasets import make_nyud, make_pascal
 from fedjax_mtl import experiment, local_training, scenarios, sources, train
+from fedjax_mtl import rounds as rounds_lib
 from fedjax_mtl.engines import dense
 from fedjax_mtl.data import cache as cache_lib
 from fedjax_mtl.data import real
@@ -318,3 +319,61 @@ def test_ntkfedavg_benchmark_a_on_real_data_logs_evaluation_b(data_dir, tmp_path
   assert sorted(map(key, lin)) == sorted(map(key, out['eval'])) and len(lin) == 2
   assert all(np.isfinite(r['value']) for r in lin + out['eval'])
   assert {r['metric'] for r in lin} == {'mIoU'}
+
+
+def test_evaluate_command_reproduces_the_final_evaluation(data_dir, full_run, tmp_path):
+  # `python -m fedjax_mtl.evaluate` on the saved run: the config rebuilt from config.json,
+  # the newest checkpoint restored, every client and task (edge by odsF) evaluated
+  # without training: the rows the run logged at its final round.
+  from fedjax_mtl import evaluate
+  _, wd = full_run
+  logged = [r for r in read_jsonl(str(wd / 'metrics.jsonl'))
+            if r['type'] == 'eval' and r['round'] == 2]
+  rows, out = evaluate.evaluate_checkpoint(str(wd), out=str(tmp_path / 'ev'))
+  assert out == str(tmp_path / 'ev')
+  assert rows == logged and any(r['metric'] == 'odsF' for r in rows)
+  assert read_jsonl(os.path.join(out, 'eval.jsonl')) == rows
+  table = open(os.path.join(out, 'results.md')).read()
+  assert all(r['client'] in table for r in rows)
+  # An earlier saved round evaluates too; its rows are round 1's model, not round 2's.
+  earlier, _ = evaluate.evaluate_checkpoint(str(wd), round_=1, out=str(tmp_path / 'ev1'))
+  assert {r['round'] for r in earlier} == {1} and earlier != rows
+  # Bad input: one line, nothing written.
+  before = sorted(os.listdir(wd))
+  for args, message in (
+      ([f'--workdir={wd}', '--round=7'], 'round 7 was not saved'),
+      ([f'--workdir={tmp_path / "none"}'], 'holds no run'),
+      ([f'--workdir={wd}', '--split=train'], "valid choices: 'test'")):
+    with pytest.raises(ConfigError, match=message):
+      a = dict(arg[2:].split('=', 1) for arg in args)
+      evaluate.evaluate_checkpoint(a['workdir'], int(a.get('round', 0)), a.get('split', 'test'),
+                                   str(tmp_path / 'never'))
+  assert sorted(os.listdir(wd)) == before and not (tmp_path / 'never').exists()
+  # A checkpoint of another config (the run's checkpoints under another scenario's
+  # config.json) is refused by the restore, before anything is written.
+  other = tmp_path / 'other'
+  other.mkdir()
+  os.symlink(wd / 'checkpoints', other / 'checkpoints')
+  cfg = json.load(open(wd / 'config.json'))
+  cfg['tasks'] = 'semseg,depth'
+  (other / 'config.json').write_text(json.dumps(cfg))
+  (other / 'metrics.jsonl').write_text('')
+  with pytest.raises(ConfigError, match='does not match the config'):
+    evaluate.evaluate_checkpoint(str(other), out=str(tmp_path / 'never'))
+  assert not (tmp_path / 'never').exists()
+
+
+def test_max_steps_per_round_caps_the_streamed_round(data_dir):
+  # Each client stops after `max_steps_per_round` steps: the feed holds only those.
+  cfg = real_config(data_dir, max_steps_per_round=1)
+  exp = experiment.build(cfg)
+  specs = [sources.group_feed_spec(exp, g) for g in exp.fed.groups]
+  assert [(s.num_steps, s.num_chunks, s.chunk_steps) for s in specs] == [(1, 1, 1)] * len(specs)
+  chunks, _ = sources.streamed_sources(exp)
+  assert len(chunks) == cfg.num_rounds * len(specs)
+  for i in range(len(chunks)):
+    el = chunks[i]
+    g = int(el['group'])
+    assert el['mask'].shape[1] == 1
+    assert el['mask'][:exp.fed.groups[g].num_real].all()
+  assert rounds_lib.group_steps(exp) == [1] * len(specs)

@@ -164,6 +164,11 @@ BAD = [
     ('hca2', {'data.chunk_steps': 0}, 'data.chunk_steps=0 is out of range'),
     ('hca2', {'data.workers': -1}, 'data.workers=-1 is out of range'),
     ('hca2', {'data.threads': -1}, 'data.threads=-1 is out of range'),
+    ('hca2', {'eval_edge_ods': 'sometimes'},
+     "unknown eval_edge_ods 'sometimes'; valid choices: 'every', 'final', 'off'"),
+    ('hca2', {'eval_edge_ods': False}, 'eval_edge_ods=False has the wrong type; expected a '
+     'string'),
+    ('hca2', {'eval_ods_workers': -1}, 'eval_ods_workers=-1 is out of range'),
     ('hca2', {'data.source': 'disk'}, "unknown data.source 'disk'; valid choices: 'synthetic'"),
     ('hca2', {'data.augment': 'gpu'}, "unknown data.augment 'gpu'; valid choices: 'host'"),
     ('hca2', {'model.dtype': 'float16'}, "unknown model.dtype 'float16'; valid choices"),
@@ -391,7 +396,7 @@ def test_delta_m_reference_is_a_finished_comparable_run(tmp_path):
       make_reference(tmp_path / 'data', smoke('local', **{'data.num_test': {
           'pascal': 4, 'nyud': 8}, 'data.resolution': {'pascal': (48, 48), 'nyud': (32, 32)}})):
           r'another setting \(fields: data.resolution, data.num_test\)',
-      make_reference(tmp_path / 'edge', smoke('local', eval_edge_ods=False)):
+      make_reference(tmp_path / 'edge', smoke('local', eval_edge_ods='off')):
           r'another setting \(fields: eval_edge_ods\)',
       make_reference(tmp_path / 'unfinished', rounds=2):
           r'has no final evaluation \(round 3\) in metrics.jsonl',
@@ -411,7 +416,20 @@ def test_delta_m_reference_of_an_older_version_and_real_data(tmp_path):
   (tmp_path / 'old' / 'config.json').write_text(json.dumps(old))
   validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref))
   with pytest.raises(ConfigError, match=r'fields: eval_edge_ods'):
-    validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref, eval_edge_ods=False))
+    validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref, eval_edge_ods='off'))
+  # Δm compares the final evaluations: odsF with 'every' and 'final' alike. A reference
+  # written when the field was a bool holds true ('every') or false ('off').
+  validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref, eval_edge_ods='final'))
+  for value, same in ((True, ('every', 'final')), (False, ('off',))):
+    old['eval_edge_ods'] = value
+    (tmp_path / 'old' / 'config.json').write_text(json.dumps(old))
+    for mode in ('every', 'final', 'off'):
+      cfg = smoke('hca2', delta_m_reference=ref, eval_edge_ods=mode)
+      if mode in same:
+        validate.check_delta_m_reference(cfg)
+      else:
+        with pytest.raises(ConfigError, match=r'fields: eval_edge_ods'):
+          validate.check_delta_m_reference(cfg)
   # Real data comes from the caches: the synthetic sizes do not matter there.
   real = {'data.source': 'real', 'data.num_test': {'pascal': 1, 'nyud': 1}}
   ref = make_reference(tmp_path / 'real', smoke('local', **{'data.source': 'real'}))

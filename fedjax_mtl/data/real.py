@@ -178,6 +178,7 @@ class GroupFeedSpec:
   batch_size: int
   chunk_steps: int
   keys: tuple[str, ...]  # label keys of the group's batches
+  max_steps: int = 0  # > 0: the round stops after this many steps (`max_steps_per_round`)
 
   @property
   def steps_per_epoch(self) -> int:
@@ -186,7 +187,8 @@ class GroupFeedSpec:
 
   @property
   def num_steps(self) -> int:
-    return self.epochs * self.steps_per_epoch
+    steps = self.epochs * self.steps_per_epoch
+    return min(steps, self.max_steps) if self.max_steps else steps
 
   @property
   def num_chunks(self) -> int:
@@ -263,7 +265,7 @@ class TrainChunks:
       orders = {}  # local epoch -> this client's order, drawn once per element
       for k, t in enumerate(steps):
         e, s = divmod(int(t), s_per)
-        if e >= spec.epochs or s >= count // b:
+        if t >= spec.num_steps or s >= count // b:
           continue
         ep = rnd * spec.epochs + e
         if ep not in orders:

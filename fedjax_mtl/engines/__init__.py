@@ -73,4 +73,4 @@ def build(config) -> Engine:
     return ManyTaskEngine(config)
   from fedjax_mtl import experiment
   from fedjax_mtl.engines.dense import DenseEngine
-  return DenseEngine(experiment.build(config))
+  return DenseEngine(experiment.build(config), config)

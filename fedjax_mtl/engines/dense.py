@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import distributed, evaluate, experiment, report, rounds, sources
+from fedjax_mtl import distributed, evaluation, experiment, report, rounds, sources
 from fedjax_mtl.algorithms.base import linearized_forward, unified_mode
 from fedjax_mtl.data import device_augment
 from fedjax_mtl.experiment import Experiment, per_experiment
@@ -37,11 +37,6 @@ def with_sharding(tree: PyTree, sharding) -> PyTree:
 
 
 copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
-
-
-def edge_ods(exp: Experiment) -> bool:
-  """Whether edge clients are scored by odsF (else by their test loss)."""
-  return bool(exp.config.get('eval_edge_ods', True))
 
 
 def evaluates_linear(exp: Experiment) -> bool:
@@ -61,8 +56,11 @@ def zero_accs(g, n: int) -> dict:
 def group_evaluators(exp: Experiment, linear: bool = False) -> list:
   """Per group: `evaluate(gstate, batches) -> (stats, edge probs)` on the variables the
   algorithm evaluates; `linear`: of the model linearised around each client's point
-  (no edge probabilities: the edge row is its loss)."""
-  evs = [evaluate.make_group_evaluator(g, m, edge_probs=edge_ods(exp) and not linear,
+  (no edge probabilities: the edge row is its loss). The edge probabilities come
+  whatever `eval_edge_ods` says: one program serves the evaluations with odsF and
+  those without (which fetch none), and every config sharing the experiment
+  (`experiment.build` ignores `eval_edge_ods`)."""
+  evs = [evaluation.make_group_evaluator(g, m, edge_probs=not linear,
                                        sal_metric=exp.config.get('sal_metric', 'maxF'),
                                        linear=linear)
          for g, m in zip(exp.fed.groups, exp.models_eval)]
@@ -189,11 +187,14 @@ class DenseEngine:
   """The dense setting's rounds, evaluation and records (the run loop in `train.py`
   drives it through the `engines.Engine` interface)."""
 
-  def __init__(self, exp: Experiment):
-    config = self.config = exp.config
+  def __init__(self, exp: Experiment, config=None):
+    # `config`: the run's, when it differs from the experiment's in fields that do not
+    # change what the rounds compute (`experiment.build` shares one experiment then).
+    config = self.config = exp.config if config is None else config
     self.exp = exp
     self.programs = programs(self.exp)
     self.source = None
+    self._ods_pool = None  # the odsF worker processes, started by the first odsF scoring
     self.label = f'{config.algorithm} {self.exp.fed.num_clients} clients'
     self.steps_per_round = sum(rounds.group_steps(self.exp))
     self._linear = evaluates_linear(self.exp)
@@ -209,10 +210,13 @@ class DenseEngine:
     self.source = sources.make_source(self.exp, start)
 
   def close(self) -> None:
-    """Release the data source's workers and threads."""
+    """Release the data source's workers and threads, and the odsF worker processes."""
     if self.source is not None:
       self.source.close()
       self.source = None
+    if self._ods_pool is not None:
+      self._ods_pool.close()
+      self._ods_pool = None
 
   def abstract_state(self) -> FedState:
     """The round-0 state's shapes and shardings (what a checkpoint restores into)."""
@@ -340,22 +344,26 @@ class DenseEngine:
   def evaluate(self, state: FedState, rnd: int) -> list[dict]:
     """The eval rows of round `rnd`: (client, task, metric, value) of the models the
     clients evaluate, and with `evaluates_linear` the linear models' ('eval_linear'
-    rows: NTKFedAvg's evaluation B, beside the model itself, A)."""
+    rows: NTKFedAvg's evaluation B, beside the model itself, A). Edge clients: odsF
+    or the test loss as `eval_edge_ods` says for round `rnd`."""
     rows = [{'round': rnd, 'type': 'eval', **r, **self._record}
-            for r in self.metric_rows(state)]
+            for r in self.metric_rows(state, rnd=rnd)]
     if self._linear:
       rows += [{'round': rnd, 'type': 'eval_linear', **r, **self._record}
                for r in self.metric_rows(state, linear=True)]
     return rows
 
-  def metric_rows(self, state: FedState, linear: bool = False) -> list[dict]:
+  def metric_rows(self, state: FedState, linear: bool = False,
+                  rnd: int | None = None) -> list[dict]:
     """Metrics rows (client, task, metric, value): one pass over each test split; an
     edge client's test loss is replaced by its odsF (host-side matching of the same
-    pass's edge maps). `linear`: of the linear models (edge as its loss)."""
-    stats, edges = self.eval_outputs(state, linear)
+    pass's edge maps) when `eval_edge_ods` scores round `rnd` (None: a state after
+    the rounds, scored as the final round's). `linear`: of the linear models (edge as
+    its loss)."""
+    stats, edges = self.eval_outputs(state, linear, rnd)
     rows = []
     for spec, st, ods in zip(self.exp.fed.groups, stats, edges):
-      group_rows = evaluate.finalize_group(spec, st, self.exp.fed.clients)
+      group_rows = evaluation.finalize_group(spec, st, self.exp.fed.clients)
       if ods is not None:
         by_client = {r['client']: r for r in ods}
         group_rows = [by_client.get(r['client'], r) if r['task'] == 'edge' else r
@@ -363,25 +371,41 @@ class DenseEngine:
       rows += group_rows
     return rows
 
-  def _edge_scores(self) -> list:
-    """Per group: a fresh `evaluate.EdgeScores`, or None (no edge client, or odsF off)."""
-    return [evaluate.EdgeScores(g, self.exp.fed.clients)
-            if edge_ods(self.exp) and evaluate.edge_holders(g) else None
+  def _ods_workers(self):
+    """The odsF worker processes (`eval_ods_workers`, started on first use and kept
+    until `close`), or None to score in this process (one worker)."""
+    if self._ods_pool is None:
+      from fedjax_mtl.metrics import edge
+      workers = int(self.config.get('eval_ods_workers', 0)) or edge.host_cores()
+      if workers > 1:
+        self._ods_pool = edge.CountsPool(workers)
+    return self._ods_pool
+
+  def _edge_scores(self, rnd: int | None = None) -> list:
+    """Per group: a fresh `evaluation.EdgeScores`, or None (no edge client, or no odsF
+    in round `rnd`: `evaluation.scores_edge_ods`)."""
+    ods = evaluation.scores_edge_ods(self.config, rnd)
+    return [evaluation.EdgeScores(g, self.exp.fed.clients, self._ods_workers())
+            if ods and evaluation.edge_holders(g) else None
             for g in self.exp.fed.groups]
 
-  def eval_outputs(self, state: FedState, linear: bool = False) -> tuple[list, list]:
+  def eval_outputs(self, state: FedState, linear: bool = False,
+                   rnd: int | None = None) -> tuple[list, list]:
     """One pass over every test split: per group, the pooled test statistics (host
-    arrays) and the edge clients' odsF rows (None without edge clients or with
-    `eval_edge_ods` off), both from the same forward passes. `linear`: of the
-    linearised models (`evaluates_linear`), without odsF."""
+    arrays) and the edge clients' odsF rows (None without edge clients or without
+    odsF in round `rnd`, `metric_rows`), both from the same forward passes. `linear`:
+    of the linearised models (`evaluates_linear`), without odsF. The host scores the
+    edge maps in `eval_ods_workers` processes while the device runs on."""
     if self.source.streamed:
-      return self._streamed_eval(state, linear)
+      return self._streamed_eval(state, linear, rnd)
     p = self.programs
-    out = distributed.host_get((p.eval_fn_linear if linear else p.eval_fn)(state.groups,
-                                                                             self.source.test))
+    out = (p.eval_fn_linear if linear else p.eval_fn)(state.groups, self.source.test)
+    edge_scores = [None] * len(out) if linear else self._edge_scores(rnd)
+    # The edge probabilities only come to the host for odsF.
+    out = distributed.host_get([(st, None if scores is None else probs)
+                                for (st, probs), scores in zip(out, edge_scores)])
     stats, edges = [o[0] for o in out], []
     b = self.config.eval_batch_size
-    edge_scores = [None] * len(out) if linear else self._edge_scores()
     for (_, probs), spec, scores in zip(out, self.exp.fed.groups, edge_scores):
       if scores is not None:
         gt = self.source.edge_truth(spec.dataset)
@@ -391,13 +415,14 @@ class DenseEngine:
       edges.append(scores)
     return stats, edges
 
-  def _streamed_eval(self, state: FedState, linear: bool) -> tuple[list, list]:
+  def _streamed_eval(self, state: FedState, linear: bool,
+                     rnd: int | None = None) -> tuple[list, list]:
     """Streams each test split once: the device accumulates the statistics and
     returns the edge probabilities of each batch, which the host scores (odsF)
     while the device runs the next batch."""
     exp = self.exp
     stats = [None] * len(exp.fed.groups)
-    scores = [None] * len(exp.fed.groups) if linear else self._edge_scores()
+    scores = [None] * len(exp.fed.groups) if linear else self._edge_scores(rnd)
     fns = self.programs.eval_batch_fns_linear if linear else self.programs.eval_batch_fns
     for d in self.source.eval_batches:
       members = [i for i, g in enumerate(exp.fed.groups) if g.dataset == d]

@@ -30,7 +30,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedjax_mtl import evaluate, local_training, rounds, sources
+from fedjax_mtl import evaluation, local_training, rounds, sources
 from fedjax_mtl.data import real
 from fedjax_mtl.engines.dense import zero_accs
 from fedjax_mtl.algorithms.base import merge_view, role_view
@@ -95,8 +95,10 @@ class ClientRuntime:
     jitted finalize `(state, start) -> (state, uploads)`."""
     if g not in self._train:
       exp, cfg = self.exp, self.config
-      trainer = local_training.make_chunk_trainer(exp.fed.groups[g], exp.models_train[g], exp.tx,
-                                         cfg.optim, cfg.num_rounds, exp.algorithm, exp.labels[g])
+      trainer = local_training.make_chunk_trainer(
+          exp.fed.groups[g], exp.models_train[g], exp.tx, cfg.optim, cfg.num_rounds,
+          exp.algorithm, exp.labels[g],
+          max_parallel=int(cfg.get('max_parallel_clients', 0)))
 
       def run(cs, start, acc, chunk, rng, rnd, ids):
         key = rounds.group_key(FedState(round=rnd, rng=rng, groups=[]), g)
@@ -137,7 +139,9 @@ class ClientRuntime:
       spec = exp.fed.groups[g]
       trainer = local_training.make_group_trainer(spec, exp.models_train[g], exp.tx, cfg.optim,
                                          cfg.batch_size, cfg.num_rounds, exp.algorithm,
-                                         exp.labels[g])
+                                         exp.labels[g],
+                                         max_steps=int(cfg.get('max_steps_per_round', 0)),
+                                         max_parallel=int(cfg.get('max_parallel_clients', 0)))
 
       def run(cs, data, rnd, rng, rows):
         key = rounds.group_key(FedState(round=rnd, rng=rng, groups=[]), g)
@@ -153,8 +157,9 @@ class ClientRuntime:
     key = (g, client)
     if key not in self._eval:
       spec = one_client_spec(self.exp.fed.groups[g], client)
-      ev = evaluate.make_group_evaluator(
-          spec, self.exp.models_eval[g], edge_probs=bool(self.config.get('eval_edge_ods', True)),
+      ev = evaluation.make_group_evaluator(
+          spec, self.exp.models_eval[g],
+          edge_probs=evaluation.edge_ods_mode(self.config) != 'off',
           sal_metric=self.config.get('sal_metric', 'maxF'))
       self._eval[key] = (spec, jax.jit(
           lambda gs, b: ev(*rounds.eval_variables(self.exp, gs), b)))
@@ -177,13 +182,15 @@ class ClientRuntime:
               for r in self.exp.algorithm.shared_roles}
     return trained, pieces, metrics
 
-  def evaluate(self, client: int, cs: GroupState) -> list[dict]:
+  def evaluate(self, client: int, cs: GroupState, rnd: int | None = None) -> list[dict]:
     """Metric rows (client, dataset, task, metric, value) of the client's model on
-    its dataset's test split (odsF from the same forward passes)."""
+    its dataset's test split in round `rnd` (odsF from the same forward passes where
+    `eval_edge_ods` scores that round; scored in this process: a node is one worker)."""
     g, _ = self.locate(client)
     spec, fn = self.eval_program(g, client)
-    holds_edge = bool(self.config.get('eval_edge_ods', True)) and evaluate.edge_holders(spec)
-    scores = evaluate.EdgeScores(spec, self.exp.fed.clients) if holds_edge else None
+    holds_edge = (evaluation.scores_edge_ods(self.config, rnd)
+                  and evaluation.edge_holders(spec))
+    scores = evaluation.EdgeScores(spec, self.exp.fed.clients) if holds_edge else None
     if self.exp.streamed:
       stats = None
       for batch in real.iterate(self.test_source(spec), threads=self.threads):
@@ -199,7 +206,7 @@ class ClientRuntime:
         b = self.config.eval_batch_size
         for i, lo in enumerate(range(0, len(gt), b)):
           scores.update(probs[i][:, :len(gt[lo:lo + b])], gt[lo:lo + b])
-    rows = evaluate.finalize_group(spec, stats, self.exp.fed.clients)
+    rows = evaluation.finalize_group(spec, stats, self.exp.fed.clients)
     if scores is not None:
       by_client = {r['client']: r for r in scores.rows()}
       rows = [by_client.get(r['client'], r) if r['task'] == 'edge' else r for r in rows]
@@ -289,7 +296,7 @@ def train_reply(rt: ClientRuntime, client: int, kept, content: RecordDict):
 def evaluate_reply(rt: ClientRuntime, client: int, kept, content: RecordDict) -> RecordDict:
   """An evaluate message's work: the reply's content (the metric rows as JSON)."""
   cs = _with_server_rows(rt, client, stored_state(rt, client, kept), content)
-  rows = rt.evaluate(client, cs)
+  rows = rt.evaluate(client, cs, int(content['config']['server-round']))
   return RecordDict({'eval': ConfigRecord({'rows': json.dumps(rows)}),
                      'client': ConfigRecord({'client': client})})
 

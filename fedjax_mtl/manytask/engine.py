@@ -88,11 +88,16 @@ def init_state(setting: Setting, trainable: dict, where: dict, seed: int,
 
 
 def _plan(index_row, count, key, epochs: int, steps_per_epoch: int, local_steps: int,
-          batch: int, slot_epochs=None):
+          batch: int, slot_epochs=None, max_steps: int = 0):
   """Batches [steps, B] (indices into the concatenated train set) and the real-step
   mask of one slot. Epochs: `local.batch_plan` with the last batch filled; with
   `slot_epochs` (this slot's epochs, at most `epochs`) the epochs from `slot_epochs`
-  on are masked. Steps: `local_steps` batches from one permutation, cycling."""
+  on are masked. Steps: `local_steps` batches from one permutation, cycling.
+  `max_steps` > 0 keeps the first `max_steps` steps (`max_steps_per_round`)."""
+  if max_steps:
+    idx, mask = _plan(index_row, count, key, epochs, steps_per_epoch, local_steps, batch,
+                      slot_epochs)
+    return idx[:max_steps], mask[:max_steps]
   if local_steps:
     n = index_row.shape[0]
     u = jax.random.uniform(key, (n,))
@@ -144,7 +149,7 @@ class RoundParts(NamedTuple):
 def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
                 lr: float, batch_size: int, local_epochs: int, local_steps: int,
                 heads: np.ndarray | None = None, origin: dict | None = None,
-                task_epochs: np.ndarray | None = None) -> RoundParts:
+                task_epochs: np.ndarray | None = None, max_steps: int = 0) -> RoundParts:
   """`make_round`'s halves (`RoundParts`), of the same arguments but the mesh."""
   inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
   pair_task = jnp.asarray(setting.pair_task)
@@ -185,7 +190,7 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
     task = pair_task[pair]
     idx, mask = _plan(row, pair_counts[pair], key, local_epochs, steps_per_epoch,
                       local_steps, batch_size,
-                      None if task_epochs is None else epochs_of_task[task])
+                      None if task_epochs is None else epochs_of_task[task], max_steps)
     params = jax.tree.map(jnp.asarray, start)
 
     def step(carry, inp):
@@ -263,7 +268,8 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
 def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
                lr: float, batch_size: int, local_epochs: int, local_steps: int,
                heads: np.ndarray | None = None, origin: dict | None = None,
-               task_epochs: np.ndarray | None = None, mesh: Mesh | None = None):
+               task_epochs: np.ndarray | None = None, mesh: Mesh | None = None,
+               max_steps: int = 0):
   """Jitted `(state, backbone, slots [S], rows [S, max_n], images, labels) -> (state,
   outputs)`.
 
@@ -277,6 +283,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   of the same client) and task (`row_task`). `task_epochs` [T]: local epochs of each
   task's pairs (NTKFedAvg's "local work", spec §4), in place of `local_epochs`;
   every slot runs the largest task's epochs, the ones beyond its own masked.
+  `max_steps` > 0: every slot stops after that many steps (`max_steps_per_round`).
   `mesh`: on more than one device, the slots are spread over its `clients` axis
   (local training of each slot on its device; the aggregation's sums over slots
   become all-reduces) and the state stays replicated. The program is
@@ -285,7 +292,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   """
   parts = round_parts(setting, model, alg, tx, roles, where, lr=lr, batch_size=batch_size,
                       local_epochs=local_epochs, local_steps=local_steps, heads=heads,
-                      origin=origin, task_epochs=task_epochs)
+                      origin=origin, task_epochs=task_epochs, max_steps=max_steps)
   spread = mesh is not None and mesh.size > 1
   if spread:
     by_slot = NamedSharding(mesh, P('clients'))

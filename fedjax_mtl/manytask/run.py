@@ -191,7 +191,8 @@ def build_run(config) -> Run:
   round_kw = dict(lr=float(config.optim.lr), batch_size=int(config.batch_size),
                   local_epochs=0 if steps else int(cfg.local_epochs), local_steps=steps,
                   heads=heads, origin=trainable,
-                  task_epochs=setting_lib.task_epochs(cfg, setting.tasks))
+                  task_epochs=setting_lib.task_epochs(cfg, setting.tasks),
+                  max_steps=int(config.get('max_steps_per_round', 0)))
   round_fn = engine.make_round(*round_args, mesh=mesh, **round_kw)
   test_counts = np.array([len(lab) for _, lab in data.test])
   eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)

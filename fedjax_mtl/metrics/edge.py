@@ -44,8 +44,14 @@ Known, deliberate differences to the MATLAB tool chain (all small):
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -66,6 +72,8 @@ __all__ = [
     "image_counts",
     "ods_from_counts",
     "EdgeODSAccumulator",
+    "CountsPool",
+    "host_cores",
 ]
 
 PASCAL_MAX_DIST = 0.0075
@@ -595,8 +603,117 @@ def _image_counts_star(args: tuple) -> np.ndarray:
     return image_counts(*args[:3], **args[3])
 
 
+def _counts_of_jobs(jobs: list) -> list[np.ndarray]:
+    """[T, 4] counts of each job (a pool task: one or a few images)."""
+    return [_image_counts_star(job) for job in jobs]
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _watch_parent(parent: int) -> None:
+    """Ends this worker when the process that started it is gone (the worker ignores
+    SIGTERM and SIGINT, so nothing else would end an orphan)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def _worker_init() -> None:
+    """A pool worker ignores SIGINT and SIGTERM: on a signal to the process group the
+    run finishes its round, this evaluation included (`fedjax_mtl.preempt`), and shuts
+    the pool down itself; a watchdog ends the worker if its parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """`__main__` without its file and spec while workers start: 'spawn' would import
+    the caller's script (or module) in every worker, which re-runs an unguarded script's
+    top level; the workers need only this module."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+class CountsPool:
+    """A persistent process pool scoring images for `EdgeODSAccumulator`s.
+
+    One pool serves any number of accumulators (all edge clients of an evaluation,
+    every evaluation of a run): `submit` hands it a list of images and returns a
+    Future of their counts at once, so the caller (the evaluation loop) goes on while
+    the workers match pixels. At most `max_pending` tasks wait or run at a time
+    (`submit` blocks beyond that): the images of a test split the host has not
+    scored yet do not pile up in memory.
+
+    `workers`: processes (0 = every core of this host, `host_cores`). They start
+    as the first tasks come, each from a fresh interpreter ('spawn': a process holding
+    JAX/XLA threads must not fork; and no forkserver, which a SIGTERM to the process
+    group would end while the run still finishes its round), and end with `close()`
+    (or the `with` block).
+    """
+
+    def __init__(self, workers: int = 0, max_pending: int | None = None) -> None:
+        self.workers = int(workers) if workers and workers > 0 else host_cores()
+        self.max_pending = int(max_pending or 4 * self.workers)
+        self._slots = threading.BoundedSemaphore(self.max_pending)
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def submit(self, jobs: list) -> concurrent.futures.Future:
+        """A Future of `_counts_of_jobs(jobs)`; blocks while `max_pending` tasks are out."""
+        if self._executor is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                self.workers, mp_context=ctx, initializer=_worker_init
+            )
+        self._slots.acquire()
+        try:
+            with _main_hidden():  # a worker started here does not import the caller's script
+                fut = self._executor.submit(_counts_of_jobs, jobs)
+        except BaseException:
+            self._slots.release()
+            raise
+        fut.add_done_callback(lambda _: self._slots.release())
+        return fut
+
+    def close(self) -> None:
+        """Ends the workers (tasks not started yet are cancelled)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> CountsPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class EdgeODSAccumulator:
-    """Accumulates per-threshold boundary counts over a dataset; finalize() gives ODS/OIS F in [0, 1]."""
+    """Accumulates per-threshold boundary counts over a dataset; finalize() gives ODS/OIS F in [0, 1].
+
+    With a `pool` (`CountsPool`, shared and closed by its owner) or `num_workers` > 1
+    (a pool of its own, kept across updates until `close()`), `update`/`update_many`
+    only submit the images and return; the counts are collected when read (`counts`,
+    `finalize`, `wait`). The sums are of integers, so the result is the serial one,
+    bit for bit, whatever the order in which the workers finish.
+    """
 
     def __init__(
         self,
@@ -608,6 +725,7 @@ class EdgeODSAccumulator:
         quantize: bool = True,
         nms_kwargs: dict[str, Any] | None = None,
         num_workers: int = 0,
+        pool: CountsPool | None = None,
     ) -> None:
         """Configures the evaluation; defaults reproduce the FedHCA² SEISM setting for PASCAL-Context."""
         self.max_dist = float(max_dist)
@@ -620,21 +738,58 @@ class EdgeODSAccumulator:
             apply_nms=apply_nms, apply_thin=apply_thin, quantize=quantize, nms_kwargs=dict(nms_kwargs or {})
         )
         self.num_workers = int(num_workers)
+        self.pool = pool
+        self._own_pool = pool is None and self.num_workers > 1
+        self._pending: list[concurrent.futures.Future] = []
         self.reset()
 
     def reset(self) -> None:
-        """Clears all accumulated counts."""
+        """Clears all accumulated counts (and drops images still being scored)."""
+        for fut in self._pending:
+            fut.cancel()
+        self._pending = []
         t = self.thresholds.size
-        self.counts = np.zeros((t, 4), dtype=np.int64)  # columns: cntR, sumR, cntP, sumP
-        self.ois_counts = np.zeros(4, dtype=np.int64)
-        self.num_images = 0
+        self._counts = np.zeros((t, 4), dtype=np.int64)  # columns: cntR, sumR, cntP, sumP
+        self._ois_counts = np.zeros(4, dtype=np.int64)
+        self._num_images = 0
+
+    def wait(self) -> None:
+        """Adds the counts of every submitted image (blocks until they are scored)."""
+        while self._pending:
+            fut = self._pending.pop(0)
+            for c in fut.result():
+                self._add(c)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Pooled [T, 4] counts (cntR, sumR, cntP, sumP) of every image added."""
+        self.wait()
+        return self._counts
+
+    @property
+    def ois_counts(self) -> np.ndarray:
+        """Pooled [4] counts at each image's best threshold."""
+        self.wait()
+        return self._ois_counts
+
+    @property
+    def num_images(self) -> int:
+        self.wait()
+        return self._num_images
+
+    def close(self) -> None:
+        """Ends the pool this accumulator started (`num_workers` > 1) after collecting."""
+        self.wait()
+        if self._own_pool and self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def _add(self, c: np.ndarray) -> None:
         """Adds one image's [T, 4] counts to the ODS pool and its best threshold to the OIS pool."""
-        self.counts += c
+        self._counts += c
         _, _, f = _prf(c[:, 0], c[:, 1], c[:, 2], c[:, 3])
-        self.ois_counts += c[int(np.argmax(f))]
-        self.num_images += 1
+        self._ois_counts += c[int(np.argmax(f))]
+        self._num_images += 1
 
     def update(self, pred: np.ndarray, gt: np.ndarray, valid_mask: np.ndarray | None = None) -> None:
         """Adds one image [H, W] or a batch [B, H, W] of edge probabilities and 0/1/255 ground truths."""
@@ -654,22 +809,26 @@ class EdgeODSAccumulator:
         gts: Iterable[np.ndarray],
         valid_masks: Iterable[np.ndarray | None] | None = None,
     ) -> None:
-        """Adds many images (sizes may differ); uses a process pool when num_workers > 1."""
+        """Adds many images (sizes may differ); with a pool they are only submitted."""
         preds, gts = list(preds), list(gts)
         masks = [None] * len(preds) if valid_masks is None else list(valid_masks)
         if not (len(preds) == len(gts) == len(masks)):
             raise ValueError("preds, gts and valid_masks must have the same length")
+        if self._own_pool and self.pool is None:
+            self.pool = CountsPool(self.num_workers)
+        # A pool reads the images when it sends them to a worker, maybe after the caller
+        # reused its buffers: it gets copies.
+        own = np.array if self.pool is not None else np.asarray
         jobs = [
-            (np.asarray(p), np.asarray(g), self.max_dist, dict(self.options, thresholds=self.thresholds, valid_mask=m))
+            (own(p), own(g), self.max_dist, dict(self.options, thresholds=self.thresholds,
+                                                  valid_mask=None if m is None else own(m)))
             for p, g, m in zip(preds, gts, masks)
         ]
-        if self.num_workers > 1 and len(jobs) > 1:
-            # 'spawn' keeps workers clear of the parent's JAX/XLA threads (fork is unsafe there).
-            ctx = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(self.num_workers, mp_context=ctx) as ex:
-                chunk = max(1, len(jobs) // (4 * self.num_workers))
-                for c in ex.map(_image_counts_star, jobs, chunksize=chunk):
-                    self._add(c)
+        if self.pool is not None:
+            # About four tasks per worker for a large call; one image each for a batch.
+            chunk = max(1, -(-len(jobs) // (4 * self.pool.workers)))
+            for lo in range(0, len(jobs), chunk):
+                self._pending.append(self.pool.submit(jobs[lo : lo + chunk]))
         else:
             for job in jobs:
                 self._add(_image_counts_star(job))
@@ -678,9 +837,11 @@ class EdgeODSAccumulator:
         """Adds the counts of another accumulator with the same thresholds (e.g. from another shard)."""
         if not np.array_equal(self.thresholds, other.thresholds):
             raise ValueError("cannot merge accumulators with different thresholds")
-        self.counts += other.counts
-        self.ois_counts += other.ois_counts
-        self.num_images += other.num_images
+        self.wait()
+        other.wait()
+        self._counts += other._counts
+        self._ois_counts += other._ois_counts
+        self._num_images += other._num_images
 
     def curves(self) -> dict[str, np.ndarray]:
         """Returns the pooled precision, recall and F at every threshold."""
