@@ -261,6 +261,10 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
   c = fields.nested(ENGINE)
   c.algorithm = algorithm
   add_blocks(c, algorithm)
+  if variant in ('default', 'smoke'):
+    # 64x64 (32x32) synthetic edge maps take milliseconds each to score: starting a
+    # pool of odsF processes would cost more than it saves.
+    c.eval_ods_workers = 1
   if variant == 'smoke':
     c.data.resolution = {'pascal': (32, 32), 'nyud': (32, 32)}
     c.data.num_train = {'pascal': 80, 'nyud': 16}
@@ -277,7 +281,6 @@ def base_config(arg: str | None = None, algorithm: str = 'fedavg',
     c.local_epochs = {'pascal': 1, 'nyud': 2}
     c.num_rounds = 3
     c.eval_every = 2
-    c.eval_ods_workers = 1  # 32x32 maps: a process pool would cost more than it saves
   if variant == 'paper' and table is not None:
     many_task_paper(c, algorithm, table)
   elif variant == 'paper':
