@@ -65,8 +65,9 @@ class _SyntheticReader:
     return self.samples[i]
 
 
-class _Cycle:
-  """`source` repeated to `n` samples."""
+class Cycle:
+  """`source` repeated to `n` samples (also `scripts/rehearse.py`'s: a small split
+  still fills the chunks)."""
 
   def __init__(self, source, n):
     self.source, self.n = source, n
@@ -75,7 +76,12 @@ class _Cycle:
     return self.n
 
   def __getitem__(self, i):
+    if not 0 <= int(i) < self.n:  # iteration stops at n
+      raise IndexError(i)
     return self.source[int(i) % len(self.source)]
+
+  def image_sizes(self):  # `real.max_image_size` reads the source's sizes
+    return self.source.image_sizes()
 
 
 def bench_augment(num_chunks: int = 3, batch: int = 8, size: int = 512,
@@ -120,7 +126,7 @@ def bench_augment(num_chunks: int = 3, batch: int = 8, size: int = 512,
     cached = cache_lib.CachedDataset(cache_lib.build_cache(
         _SyntheticReader(samples, keys), os.path.join(tmp, 'pascal_train')))
     for name, source in (('', cached), ('in_memory_', samples)):
-      client = [_Cycle(source, n)]
+      client = [Cycle(source, n)]
       out[f'{name}host_augment_images_per_cpu_s'] = per_cpu_s(
           real.TrainChunks([spec], [client], 1, {'pascal': (size, size)}, 0, ts))
       raw = real.TrainChunks([spec], [client], 1, {'pascal': (size, size)}, 0, ts,

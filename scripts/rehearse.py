@@ -12,9 +12,9 @@ capped at `--steps` local steps per round (`max_steps_per_round`):
 2. feed: training chunks of the first client from its cache, host augmentation and
    the raw feed of device augmentation, images per CPU second, and the device
    augmentation on the accelerator;
-3. a fresh run of `python -m fedjax_mtl.main`, sent SIGTERM once it has compiled (it
-   finishes round 1, saves it and exits 75: preemption);
-4. the same run resumed in this process for rounds 2..`--rounds` (evaluation on the
+3. a fresh run in this process (the main job's loop, `train.run`), sent SIGTERM once
+   it has compiled: it finishes round 1, saves it and stops (preemption);
+4. the same run resumed in this process (its programs already compiled) for rounds 2..`--rounds` (evaluation on the
    whole test split at round 2 with the cheap metrics and at the last round with
    odsF, checkpoints every round), each client group's chunk program and the
    aggregation timed as the engine calls them (one wait per call);
@@ -39,7 +39,6 @@ import logging
 import os
 import re
 import resource
-import shutil
 import signal
 import sys
 import time
@@ -162,6 +161,7 @@ def feed_rates(config, batch: int = 8, chunks: int = 3) -> dict:
   its cache: host augmentation, and the raw feed of device augmentation, plus the device
   augmentation's images/s on the accelerator."""
   import jax
+  from benchmarks.pipeline import Cycle
   from fedjax_mtl import experiment, sources
   from fedjax_mtl.data import device_augment as DA
   from fedjax_mtl.data import real
@@ -197,24 +197,6 @@ def feed_rates(config, batch: int = 8, chunks: int = 3) -> dict:
     jax.block_until_ready(augment(x))
   out['device_augment_images_per_s'] = 3 * 2 * batch / (time.perf_counter() - t0)
   return out
-
-
-class Cycle:
-  """`source` repeated to `n` samples (a small split still fills the chunks)."""
-
-  def __init__(self, source, n: int):
-    self.source, self.n = source, n
-
-  def __len__(self) -> int:
-    return self.n
-
-  def __getitem__(self, i):
-    if not 0 <= int(i) < self.n:
-      raise IndexError(i)
-    return self.source[int(i) % len(self.source)]
-
-  def image_sizes(self):
-    return self.source.image_sizes()
 
 
 class CompileLog(logging.Handler):
@@ -321,16 +303,12 @@ def dir_bytes(path: str) -> int:
 def extrapolate(config, engine, figures: dict) -> dict:
   """The full paper run's wall time on this machine from the rehearsal's figures."""
   rounds_full = int(figures['paper_rounds'])
-  steps = a_steps = int(config.max_steps_per_round)
+  a_steps = int(config.max_steps_per_round)
   out = {}
   if config.get('setting', 'dense') == 'dense':
-    from fedjax_mtl import rounds as rounds_lib
     exp = engine.exp
-    scale = {}
-    for d in FULL_SIZES:
-      here = [c.num_train for c in exp.fed.clients if c.dataset == d]
-      if here:
-        scale[d] = FULL_SIZES[d][0] / max(1, figures['train_images'][d])
+    scale = {d: FULL_SIZES[d][0] / max(1, figures['train_images'][d]) for d in FULL_SIZES
+             if any(c.dataset == d for c in exp.fed.clients)}
     full_steps = []
     for g, spec in enumerate(exp.fed.groups):
       per_epoch = int(max(spec.counts) * scale[spec.dataset]) // int(config.batch_size)
@@ -339,7 +317,6 @@ def extrapolate(config, engine, figures: dict) -> dict:
     test_scale = sum(FULL_SIZES[d][1] for d in scale) / max(1, sum(
         figures['test_images'][d] for d in scale))
     out['full_steps_per_round'] = full_steps
-    del rounds_lib
   else:
     per_slot = figures['step_s']['round'] / max(1, a_steps)
     full = figures.get('many_full_steps', a_steps)
