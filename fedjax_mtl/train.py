@@ -46,13 +46,20 @@ def train_and_evaluate(config, workdir: str, stop_after: int | None = None) -> d
     return run(engines.build(config), workdir, stop_after)
 
 
+def every_and_last(total: int, every: int) -> set[int]:
+  """The rounds 1..`total` that evaluate (or checkpoint) every `every` rounds: the
+  multiples of `every` and the last round."""
+  return {r for r in range(1, total + 1) if r % every == 0 or r == total}
+
+
 def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dict:
   """The rounds of `engine`'s run in the workdir `path` (locked by the caller)."""
   config, primary = engine.config, distributed.is_primary()
   wd = workdir_lib.Workdir(path, primary)
   start = Checkpointer.latest_in(wd.checkpoint_dir) or 0
   total = int(config.num_rounds)
-  eval_rounds = {r for r in range(1, total + 1) if r % config.eval_every == 0 or r == total}
+  eval_rounds = every_and_last(total, int(config.eval_every))
+  ckpt_rounds = every_and_last(total, int(config.checkpoint_every))
   ckpt = Checkpointer(wd.checkpoint_dir) if start else None
   state = None
   try:
@@ -101,7 +108,7 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
         # same round); in the last round the run just finishes.
         stop = signals.stop_after(rnd) if rnd < total else None
         t = time.perf_counter()
-        if rnd % config.checkpoint_every == 0 or rnd == total or stop:
+        if rnd in ckpt_rounds or stop:
           ckpt.save(rnd, state)
         save_s = time.perf_counter() - t  # the loop's wait; the write finishes in the background
         dt = prog.round_seconds()

@@ -54,6 +54,11 @@ so that every reader still works: at least 2 images per PASCAL / NYUD split,
 class folders are the classes; so GTSRB and every tasks30 task keep all their
 classes) and min(classes, 10) in its test split. A PASCAL / NYUD copy is a
 subset of the full one at the same seed (same ids, same images).
+``--test_fraction`` scales the PASCAL / NYUD val split on its own (default: as
+``--fraction``): e.g. a copy large enough for 20 clients' training with a val split
+of 16 images, for rehearsals (`scripts/rehearse.py`) that evaluate it whole.
+Every call writes ``<out>/fake_datasets.json`` (each dataset's fractions, examples
+per split and the real ones), from which `scripts/rehearse.py` scales its figures.
 ``--tasks`` limits tasks8 / tasks30 to some tasks. An existing non-empty dataset
 folder (or an existing cache of a dense dataset) is refused with one
 ``error:`` line unless ``--overwrite``, which replaces it.
@@ -61,7 +66,8 @@ folder (or an existing cache of a dense dataset) is refused with one
 Usage::
 
   python scripts/make_fake_datasets.py --out=/data/fake [--datasets=pascal,nyud,tasks8,tasks30]
-      [--fraction=1.0] [--workers=N] [--seed=0] [--tasks=mnist,dtd] [--cache] [--overwrite]
+      [--fraction=1.0] [--test_fraction=F] [--workers=N] [--seed=0] [--tasks=mnist,dtd]
+      [--cache] [--overwrite]
 
 At the end it prints the config overrides that point a run at the data, e.g.
 ``--config.data.data_dir=/data/fake`` (PASCAL / NYUD, after building the
@@ -365,7 +371,12 @@ def _pascal_job(args):
   return write_pascal_image(root, k, split, seed)
 
 
-def write_pascal(root: str, fraction: float = 1.0, seed: int = 0, pool=None,
+def split_fraction(fraction: float | dict, split: str) -> float:
+  """A dense split's fraction: `fraction`, or its entry for `split` ({'train', 'val'})."""
+  return float(fraction[split] if isinstance(fraction, dict) else fraction)
+
+
+def write_pascal(root: str, fraction: float | dict = 1.0, seed: int = 0, pool=None,
                  log: Callable[[str], None] = print) -> dict[str, int]:
   """The PASCALContext/ tree; returns the number of images per split."""
   all_ids = pascal_ids(seed)
@@ -375,7 +386,7 @@ def write_pascal(root: str, fraction: float = 1.0, seed: int = 0, pool=None,
   save_json(os.path.join(root, 'json', 'pascal_part.json'),
             {str(c): (PERSON_PARTS_JSON if c == 15 else {}) for c in range(1, len(VOC_CLASSES))})
   for split, full in PASCAL_SPLITS.items():
-    n = scaled(full, fraction, PASCAL_MIN)
+    n = scaled(full, split_fraction(fraction, split), PASCAL_MIN)
     ks = sorted(all_ids[split][:n])
     t0 = time.time()
     cats = {}
@@ -446,13 +457,13 @@ def _nyud_job(args):
   return write_nyud_image(root, k, split, seed)
 
 
-def write_nyud(root: str, fraction: float = 1.0, seed: int = 0, pool=None,
+def write_nyud(root: str, fraction: float | dict = 1.0, seed: int = 0, pool=None,
                log: Callable[[str], None] = print) -> dict[str, int]:
   """The NYUDv2/ tree; returns the number of images per split."""
   all_ids = nyud_ids(seed)
   counts = {}
   for split, full in NYUD_SPLITS.items():
-    n = scaled(full, fraction, NYUD_MIN)
+    n = scaled(full, split_fraction(fraction, split), NYUD_MIN)
     ks = sorted(all_ids[split][:n])
     t0 = time.time()
     for _ in _map(pool, _nyud_job, [(root, k, split, seed) for k in ks], log, f'nyud {split}'):
@@ -876,13 +887,13 @@ def parse_list(value: str, valid: Sequence[str], what: str) -> tuple[str, ...]:
   return tuple(v for v in valid if v in items)
 
 
-def parse_fraction(value: str) -> float:
+def parse_fraction(value: str, flag: str = '--fraction') -> float:
   try:
     f = float(value)
   except ValueError:
     f = float('nan')
   if not 0. < f <= 1.:
-    raise UsageError(f'--fraction must be a number in (0, 1], got {value!r}')
+    raise UsageError(f'{flag} must be a number in (0, 1], got {value!r}')
   return f
 
 
@@ -917,7 +928,7 @@ def overrides(out: str, written: Sequence[str], cached: bool) -> list[str]:
 def run(out: str, datasets: Sequence[str] = DATASETS, fraction: float = 1.0,
         workers: int | None = None, seed: int = 0, tasks: Sequence[str] | None = None,
         overwrite: bool = False, cache: bool = False, log: Callable[[str], None] = print,
-        max_side: int | None = None) -> dict[str, Any]:
+        max_side: int | None = None, test_fraction: float | None = None) -> dict[str, Any]:
   """Write `datasets` under `out` (see the module docstring); returns a summary
   {dataset: {'counts', 'files', 'bytes', 'seconds', 'dir'}}. Raises UsageError on
   bad input before writing anything."""
@@ -927,6 +938,12 @@ def run(out: str, datasets: Sequence[str] = DATASETS, fraction: float = 1.0,
       raise UsageError(f'unknown dataset {d!r}; valid choices: {", ".join(DATASETS)}')
   if not 0. < float(fraction) <= 1.:
     raise UsageError(f'--fraction must be a number in (0, 1], got {fraction!r}')
+  if test_fraction is not None and not 0. < float(test_fraction) <= 1.:
+    raise UsageError(f'--test_fraction must be a number in (0, 1], got {test_fraction!r}')
+  if test_fraction is not None and not {'pascal', 'nyud'} & set(datasets):
+    raise UsageError('--test_fraction applies to pascal / nyud, and neither is in --datasets')
+  dense_fraction = {'train': float(fraction), 'val': float(
+      fraction if test_fraction is None else test_fraction)}
   if seed < 0:
     raise UsageError(f'--seed must be >= 0, got {seed}')
   workers = default_workers() if not workers else int(workers)
@@ -966,9 +983,9 @@ def run(out: str, datasets: Sequence[str] = DATASETS, fraction: float = 1.0,
       os.makedirs(root, exist_ok=True)
       t0 = time.time()
       if d == 'pascal':
-        counts = write_pascal(root, fraction, seed, pool, log)
+        counts = write_pascal(root, dense_fraction, seed, pool, log)
       elif d == 'nyud':
-        counts = write_nyud(root, fraction, seed, pool, log)
+        counts = write_nyud(root, dense_fraction, seed, pool, log)
       elif d == 'tasks8':
         counts = write_tasks8(root, chosen.get(d), fraction, seed, pool, log, max_side)
       else:
@@ -993,7 +1010,39 @@ def run(out: str, datasets: Sequence[str] = DATASETS, fraction: float = 1.0,
                             workers=workers if workers > 1 else 0, verbose=False)
           log(f'cache {path} built in {time.time() - t0:.1f}s')
           summary[d].setdefault('cache_seconds', {})[s] = time.time() - t0
+  write_manifest(out, fraction, summary, test_fraction)
   return summary
+
+
+MANIFEST = 'fake_datasets.json'
+
+
+def full_counts(dataset: str) -> dict:
+  """The real datasets' examples per split (per task for tasks8 / tasks30)."""
+  if dataset == 'pascal':
+    return dict(PASCAL_SPLITS)
+  if dataset == 'nyud':
+    return dict(NYUD_SPLITS)
+  if dataset == 'tasks8':
+    return {t: dict(info.splits) for t, info in TASKS8.items()}
+  return {t: {'train': info.train, 'test': info.test} for t, info in TASKS30.items()}
+
+
+def write_manifest(out: str, fraction: float, summary: dict,
+                   test_fraction: float | None = None) -> None:
+  """`<out>/fake_datasets.json`: each written dataset's --fraction (and the dense
+  datasets' --test_fraction), its examples per split and the real ones (merged with
+  the datasets an earlier call wrote), so that `scripts/rehearse.py` can scale a
+  copy's figures to the full datasets."""
+  path = os.path.join(out, MANIFEST)
+  manifest = json.load(open(path)) if os.path.isfile(path) else {}
+  for d, v in summary.items():
+    manifest[d] = {'fraction': float(fraction), 'counts': v['counts'], 'full': full_counts(d)}
+    if d in ('pascal', 'nyud') and test_fraction is not None:
+      manifest[d]['test_fraction'] = float(test_fraction)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(manifest, f, indent=1, sort_keys=True)
+  os.replace(path + '.tmp', path)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1010,6 +1059,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help=f'comma-separated subset of {", ".join(DATASETS)} (default: all)')
   p.add_argument('--fraction', default='1.0',
                  help='scale of every split in (0, 1] (default: 1.0, the real sizes)')
+  p.add_argument('--test_fraction', default='',
+                 help='scale of the PASCAL / NYUD val split in (0, 1] (default: --fraction)')
   p.add_argument('--workers', type=int, default=0, help='writer processes (default 0: all cores)')
   p.add_argument('--seed', type=int, default=0, help='seed of the scenes and patterns')
   p.add_argument('--tasks', default='', help='comma-separated subset of the tasks8 / tasks30 '
@@ -1023,11 +1074,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     datasets = parse_list(a.datasets, DATASETS, '--datasets')
     fraction = parse_fraction(a.fraction)
+    test_fraction = (parse_fraction(a.test_fraction, '--test_fraction') if a.test_fraction
+                     else None)
     tasks = [t.strip() for t in a.tasks.split(',') if t.strip()] or None
     if a.workers < 0:
       raise UsageError(f'--workers must be >= 0 (0 = all cores), got {a.workers}')
     summary = run(a.out, datasets, fraction, a.workers, a.seed, tasks, a.overwrite, a.cache,
-                  log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)))
+                  log=(lambda s: None) if a.quiet else (lambda s: print(s, flush=True)),
+                  test_fraction=test_fraction)
   except UsageError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

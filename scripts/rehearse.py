@@ -96,9 +96,13 @@ def load(a, extra, workdir: str):
     flags['data.data_dir'] = a.data_dir
   else:
     flags['many.data_dir'] = a.data_dir
-  weights = paper.model.get('pretrained_path', '') if 'model' in paper else ''
-  if weights and not os.path.isfile(os.path.join(ROOT, weights)) and not os.path.isfile(weights):
-    flags['model.pretrained_path'] = ''  # random init: the shapes and costs are the same
+  # Pretrained weights not converted here: random init (the same shapes and costs).
+  missing = lambda w: (w not in ('', 'warmup') and not os.path.isfile(os.path.join(ROOT, w))
+                       and not os.path.isfile(w))
+  if 'model' in paper and missing(paper.model.get('pretrained_path', '')):
+    flags['model.pretrained_path'] = ''
+  if 'many' in paper and missing(paper.many.get('pretrained', '')):
+    flags['many.pretrained'] = ''
   argv = ([f'--config={a.config}', f'--workdir={workdir}']
           + [f'--config.{k}={v}' for k, v in flags.items()] + list(extra))
   saved, sys.argv = sys.argv, ['rehearse'] + argv  # ml_collections reads overrides there
@@ -289,7 +293,9 @@ def resumed_run(config, workdir: str) -> tuple[dict, list, object]:
       p.chunk_fns[:] = [Timed(f, f'group {g}', calls) for g, f in enumerate(p.chunk_fns)]
       p.__dict__['agg_fn_streamed'] = Timed(p.agg_fn_streamed, 'aggregate', calls)
     else:
-      engine.run.round_fn = Timed(engine.run.round_fn, 'round', calls)
+      import dataclasses
+      engine.run = dataclasses.replace(engine.run,
+                                       round_fn=Timed(engine.run.round_fn, 'round', calls))
     t0 = time.perf_counter()
     result = train.run(engine, workdir)
     wall = time.perf_counter() - t0
@@ -303,7 +309,6 @@ def dir_bytes(path: str) -> int:
 def extrapolate(config, engine, figures: dict) -> dict:
   """The full paper run's wall time on this machine from the rehearsal's figures."""
   rounds_full = int(figures['paper_rounds'])
-  a_steps = int(config.max_steps_per_round)
   out = {}
   if config.get('setting', 'dense') == 'dense':
     exp = engine.exp
@@ -317,15 +322,18 @@ def extrapolate(config, engine, figures: dict) -> dict:
     test_scale = sum(FULL_SIZES[d][1] for d in scale) / max(1, sum(
         figures['test_images'][d] for d in scale))
     out['full_steps_per_round'] = full_steps
-  else:
-    per_slot = figures['step_s']['round'] / max(1, a_steps)
-    full = figures.get('many_full_steps', a_steps)
-    train_round, test_scale = per_slot * full, 1.0
+  else:  # every slot of a round runs the same number of (masked) steps
+    many = figures['many']
+    per_step = figures['step_s']['round'] / max(1, many['steps_per_round'])
+    full = many['full_steps_per_round']
+    # The round's host work outside the program (the round feed's gather and transfer)
+    # grows with the examples it moves.
+    train_round = per_step * full + many['host_s_per_round'] * many['train_scale']
+    test_scale = many['test_scale']
     out['full_steps_per_round'] = [full]
-  evals = len({r for r in range(1, rounds_full + 1)
-               if r % int(figures['paper_eval_every']) == 0 or r == rounds_full})
-  ckpts = len({r for r in range(1, rounds_full + 1)
-               if r % int(figures['paper_checkpoint_every']) == 0 or r == rounds_full})
+  from fedjax_mtl.train import every_and_last
+  evals = len(every_and_last(rounds_full, int(figures['paper_eval_every'])))
+  ckpts = len(every_and_last(rounds_full, int(figures['paper_checkpoint_every'])))
   cheap, final = figures['eval_s']['cheap'] * test_scale, figures['eval_s']['final'] * test_scale
   compile_total = sum(s for _, s in figures['xla_compiles']) or sum(figures['compile_s'].values())
   total = (compile_total + rounds_full * (train_round + figures['agg_s'])
@@ -333,7 +341,91 @@ def extrapolate(config, engine, figures: dict) -> dict:
   out.update({'train_s_per_round': train_round, 'eval_s_cheap_full': cheap,
               'eval_s_final_full': final, 'evaluations': evals, 'checkpoints': ckpts,
               'wall_hours': total / 3600})
+  out['h100_estimate'] = gpu_estimate(config, figures, rounds_full * train_round,
+                                      (evals - 1) * cheap + min(cheap, final),
+                                      max(0., final - cheap),
+                                      rounds_full * figures['agg_s'] + ckpts * figures['checkpoint_s'])
   return out
+
+
+# One client's training step on the GPU, ms (bf16, remat; BENCHMARKS.md, "the client
+# step of each paper configuration", H200: the same dense peak as an H100), and the
+# step it is compared with here: one client's step of the rehearsal's first group.
+GPU_CLIENT_STEP_MS = {'swin_t': 19.3, 'resnet18_os8': 40.7, 'resnet18_os8 linear': 44.1,
+                      'vit_b32 lora': 5.8, 'vit_b32': 9.0, 'vit_b32 linear': 12.8}
+
+
+def gpu_estimate(config, figures: dict, train_s: float, eval_s: float, odsf_s: float,
+                 other_s: float) -> dict | None:
+  """The full run on one H100, an estimate: this CPU's training and evaluation seconds
+  divided by the speed-up the GPU has on one client's step of the same model (its
+  measured GPU step over the client step measured here), odsF on 16 host cores instead
+  of this machine's, aggregation and checkpoints as here; compilation not included."""
+  linear = 'ntkfedavg' in str(config.algorithm)
+  if config.get('setting', 'dense') == 'dense':
+    key = str(config.model.encoder)
+    clients = figures['group_clients'][0]
+    cpu_step = figures['step_s']['group 0'] / clients
+  else:
+    m = config.many
+    lora = int(m.get('lora_rank', 0) or 0) > 0 and str(m.get('trainable', 'lora')) == 'lora'
+    key = str(m.model) + (' lora' if lora else '')
+    cpu_step = figures['step_s']['round'] / max(1, figures['many']['steps_per_round'])
+    cpu_step /= max(1, figures['many']['slots'])
+  key = key + (' linear' if linear and key + ' linear' in GPU_CLIENT_STEP_MS else '')
+  if key not in GPU_CLIENT_STEP_MS:
+    return None
+  speedup = cpu_step / (GPU_CLIENT_STEP_MS[key] / 1e3)
+  odsf_16 = odsf_s * (figures['host_cores'] / 16)  # the odsF pool on 16 host cores
+  hours = ((train_s + eval_s) / speedup + odsf_16 + other_s) / 3600
+  return {'model': key, 'gpu_client_step_ms': GPU_CLIENT_STEP_MS[key],
+          'cpu_client_step_s': cpu_step, 'speedup': speedup, 'hours': hours}
+
+
+def many_task_scale(config, engine, data_dir: str, rounds: dict, calls: list) -> dict:
+  """The many-task run's steps per round here and at the full datasets' sizes, and the
+  scale of its train and test examples: from `fake_datasets.json` (written by
+  `scripts/make_fake_datasets.py` beside or above `data_dir`) for a `--fraction`
+  copy, 1 for real data."""
+  import math
+  import numpy as np
+  run = engine.run
+  s = run.setting
+  scale = {t: 1.0 for t in s.tasks}
+  bench = {'tfds8': 'tasks8', 'folder30': 'tasks30'}.get(str(config.many.benchmark))
+  for folder in (data_dir, os.path.dirname(os.path.abspath(data_dir))):
+    path = os.path.join(folder, 'fake_datasets.json')
+    if bench and os.path.isfile(path):
+      entry = json.load(open(path)).get(bench, {})
+      for t in s.tasks:
+        if t in entry.get('counts', {}):
+          scale[t] = entry['full'][t]['train'] / max(1, entry['counts'][t]['train'])
+      break
+  batch = int(config.batch_size)
+  m = config.many
+  from fedjax_mtl.manytask import setting as setting_lib
+  epochs = setting_lib.task_epochs(m, s.tasks)
+  epochs = int(np.max(epochs)) if epochs is not None else int(m.local_epochs)
+
+  def steps(counts):
+    return int(m.local_steps) or epochs * max(1, math.ceil(max(counts) / batch))
+  here = steps(s.counts)  # the steps a round ran here (capped by max_steps_per_round)
+  here = min(here, int(config.max_steps_per_round)) if int(config.max_steps_per_round) else here
+  full = steps([c * scale[s.tasks[t]] for c, (_, t) in zip(s.counts, s.pairs)])
+  train = sum(s.counts)
+  train_scale = sum(c * scale[s.tasks[t]] for c, (_, t) in zip(s.counts, s.pairs)) / train
+  test = [len(y) for _, y in run.data.test]
+  test_scale = sum(n * scale[t] for n, t in zip(test, s.tasks)) / max(1, sum(test))
+  # Host seconds of a steady round outside its program: the round's wall less the
+  # program, its evaluation and its checkpoint (the resumed run's rounds after its first).
+  resumed = [rounds[k] for k in sorted(rounds) if k >= 2]
+  prog = [dt for name, dt in calls if name == 'round']
+  host = [r['seconds'] - r.get('eval_s', 0.) - r.get('checkpoint_s', 0.) - dt
+          for r, dt in list(zip(resumed, prog))[1:]]
+  return {'task_scale': scale, 'steps_per_round': here, 'full_steps_per_round': full,
+          'slots': int(s.num_slots),
+          'train_scale': train_scale, 'test_scale': test_scale,
+          'host_s_per_round': max(0., min(host)) if host else 0.}
 
 
 def main(argv=None) -> int:
@@ -409,13 +501,16 @@ def main(argv=None) -> int:
     figures['test_images'] = {d: len(real.open_split(config, d, real.TEST_SPLIT))
                               for d in FULL_SIZES if f'{d}_train' in figures['caches']}
     figures['group_clients'] = [g.num_real for g in engine.exp.fed.groups]
+  else:
+    figures['many'] = many_task_scale(config, engine, a.data_dir, timed, calls)
   figures['extrapolated'] = extrapolate(config, engine, figures)
   figures['mfu'] = mfu(config, engine, figures) if dense else None
   figures['rehearsal_wall_s'] = time.perf_counter() - t0 + fresh['wall_s']
+  figures['table_row'] = table_row(figures)
   with open(os.path.join(a.out, 'rehearsal.json'), 'w') as f:
     json.dump(figures, f, indent=1, default=str)
   print(json.dumps(figures, default=str))
-  print(table_row(figures))
+  print(figures['table_row'])
   return 0
 
 

@@ -10,6 +10,7 @@ degenerate, and labels equal to the procedural scenes they were rendered from.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -236,6 +237,8 @@ def _main(capsys, *argv):
     (['--datasets=tasks30', '--tasks=mnist,imagenet'], "unknown --tasks entry 'imagenet'"),
     (['--datasets=pascal', '--tasks=mnist'], '--tasks applies to tasks8 / tasks30'),
     (['--workers=-1'], '--workers must be >= 0'),
+    (['--test_fraction=2'], "--test_fraction must be a number in (0, 1], got '2'"),
+    (['--datasets=tasks30', '--test_fraction=0.5'], '--test_fraction applies to pascal / nyud'),
 ])
 def test_bad_input_is_one_error_line(tmp_path, capsys, argv, needle):
   out = tmp_path / 'out'
@@ -267,8 +270,15 @@ def test_existing_output_refused_then_overwritten(tmp_path, capsys):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   r = subprocess.run([sys.executable, os.path.join(root, 'scripts', 'make_fake_datasets.py'),
                       f'--out={out}', '--datasets=nyud', '--fraction=0.001', '--workers=2',
-                      '--overwrite', '--quiet'], capture_output=True, text=True, timeout=120)
+                      '--test_fraction=0.005', '--overwrite', '--quiet'],
+                     capture_output=True, text=True, timeout=120)
   assert r.returncode == 0 and r.stderr == '', r.stderr
   assert not stale.exists()
   assert f'--config.data.data_dir={out}' in r.stdout and 'scripts/prepare_data.py' in r.stdout
-  assert len(NYUDv2(str(out / 'NYUDv2'), 'val')) == 2
+  # --test_fraction scales the val split alone (654 * 0.005 = 3 images; train at its floor)
+  assert len(NYUDv2(str(out / 'NYUDv2'), 'val')) == 3
+  assert len(NYUDv2(str(out / 'NYUDv2'), 'train')) == 2
+  manifest = json.loads((out / 'fake_datasets.json').read_text())
+  assert manifest['nyud'] == {'fraction': 0.001, 'test_fraction': 0.005,
+                              'counts': {'train': 2, 'val': 3},
+                              'full': {'train': 795, 'val': 654}}

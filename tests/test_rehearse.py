@@ -78,3 +78,27 @@ def test_a_saved_config_that_does_not_rebuild_is_refused(tmp_path):
   c['eval_edge_ods'] = False
   (tmp_path / 'config.json').write_text(json.dumps(c))
   assert workdir.saved_config(str(tmp_path)).eval_edge_ods == 'off'
+
+
+def test_a_many_task_rehearsal_runs_kills_resumes_and_extrapolates(tmp_path):
+  """The whole rehearsal of a small many-task config (mini8 is procedural: no data dir
+  is read): SIGTERM after round 1, resume to round 3, timed rounds, the figures and the
+  extrapolation to the config's full run."""
+  out = tmp_path / 'out'
+  data = tmp_path / 'data'
+  data.mkdir()
+  r = _rehearse('--config=configs/matu.py:smoke', f'--data_dir={data}', f'--out={out}',
+                '--steps=2', '--config.many.num_test=16')
+  assert r.returncode == 0, r.stderr[-3000:]
+  f = json.loads((out / 'rehearsal.json').read_text())
+  assert f['fresh']['stopped'].startswith('stopped at round 1 on SIGTERM')
+  rows = [json.loads(line) for line in (out / 'workdir' / 'timing.jsonl').read_text().splitlines()]
+  assert [r['round'] for r in rows if 'seconds' in r] == [1, 2, 3]
+  m, ex = f['many'], f['extrapolated']
+  # mini8 is not a --fraction copy: the full run holds the examples this one does.
+  assert m['train_scale'] == m['test_scale'] == 1.0
+  assert m['steps_per_round'] == 2 and m['full_steps_per_round'] >= 2
+  assert f['step_s']['round'] > 0 and ex['wall_hours'] > 0
+  assert ex['evaluations'] >= 1 and ex['checkpoints'] >= 1
+  assert f['checkpoint_bytes'] > 0
+  assert f['table_row'].startswith('| configs/matu.py:smoke |')
