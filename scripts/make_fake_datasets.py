@@ -267,12 +267,17 @@ PART_NAMES = {1: ('hair', 0.3, 'head'), 2: ('neck', 0.15, 'torso'), 3: ('luarm',
 VOC12_SHARE = 0.35  # ids whose semseg lives in semseg/VOC12 (with 255 borders)
 
 
-def pascal_ids(seed: int) -> dict[str, list[int]]:
-  """Global image indices of each full split, in the order a --fraction copy takes them."""
-  total = sum(PASCAL_SPLITS.values())
-  perm = _rng('pascal/split', seed).permutation(total)
-  n_train = PASCAL_SPLITS['train']
+def split_ids(dataset: str, splits: dict[str, int], seed: int) -> dict[str, list[int]]:
+  """Global image indices of each full split of `dataset` ({'train', 'val'} sizes), in
+  the order a --fraction copy takes them."""
+  perm = _rng(f'{dataset}/split', seed).permutation(sum(splits.values()))
+  n_train = splits['train']
   return {'train': [int(k) for k in perm[:n_train]], 'val': [int(k) for k in perm[n_train:]]}
+
+
+def pascal_ids(seed: int) -> dict[str, list[int]]:
+  """Global image indices of each full PASCAL split (`split_ids`)."""
+  return split_ids('pascal', PASCAL_SPLITS, seed)
 
 
 def pascal_id(k: int) -> str:
@@ -409,10 +414,8 @@ NYUD_SIZE = (425, 560)  # (H, W) of the ATRC / InvPT release (the Kinect 480x640
 
 
 def nyud_ids(seed: int) -> dict[str, list[int]]:
-  total = sum(NYUD_SPLITS.values())
-  perm = _rng('nyud/split', seed).permutation(total)
-  n_train = NYUD_SPLITS['train']
-  return {'train': [int(k) for k in perm[:n_train]], 'val': [int(k) for k in perm[n_train:]]}
+  """Global image indices of each full NYUD split (`split_ids`)."""
+  return split_ids('nyud', NYUD_SPLITS, seed)
 
 
 def nyud_id(k: int) -> str:
