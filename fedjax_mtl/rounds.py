@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_mtl.algorithms import rows as rows_lib
 from fedjax_mtl import federation, local_training
 from fedjax_mtl.algorithms.base import (ServerInputs, ServerState, merge_view, role_view, stack,
                                         unstack)
@@ -234,9 +235,21 @@ def make_chunk_fns(exp: Experiment) -> list:
 
 def finite_rows(tree: PyTree, n: int) -> jax.Array:
   """[n] bool: every floating value of client row i of `tree` is finite."""
-  ok = [jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
-        for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-  return functools.reduce(jnp.logical_and, ok, jnp.ones(n, bool))
+  rows = [x.reshape(n, -1) for x in jax.tree.leaves(tree)
+          if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(x), axis=1)
+                                            for x in _packed_columns(rows)],
+                          jnp.ones(n, bool))
+
+
+def _packed_columns(rows: list[jax.Array]) -> list[jax.Array]:
+  """[r, d] arrays with the small ones (d < `rows.PACK_MAX_COLUMNS`) concatenated
+  along d in float32 (inf and NaN kept): one reduction over them, not one per
+  leaf, as a program's compile time grows with its reductions (a Swin client has
+  ~200 leaves); the large ones as they are."""
+  small = [x.astype(jnp.float32) for x in rows if x.shape[1] < rows_lib.PACK_MAX_COLUMNS]
+  big = [x for x in rows if x.shape[1] >= rows_lib.PACK_MAX_COLUMNS]
+  return big + ([jnp.concatenate(small, axis=1)] if small else [])
 
 
 def health(metrics: list, trained: list, new: list, server: PyTree) -> dict:
@@ -247,8 +260,8 @@ def health(metrics: list, trained: list, new: list, server: PyTree) -> dict:
   'server' (the server state and logs, one flag). One fused read of the
   params; the host looks at the flags with the round's other outputs.
   """
-  finite_all = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(server)
-                if jnp.issubdtype(x.dtype, jnp.inexact)]
+  finite_all = [jnp.all(jnp.isfinite(x)) for x in _packed_columns(
+      [x.reshape(1, -1) for x in jax.tree.leaves(server) if jnp.issubdtype(x.dtype, jnp.inexact)])]
   sizes = [m['loss'].shape[0] for m in metrics]
   return {'loss': [jnp.isfinite(m['loss']) for m in metrics],
           'params': [finite_rows(p, n) for p, n in zip(trained, sizes)],

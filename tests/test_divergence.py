@@ -20,6 +20,15 @@ def test_finite_rows_flags_each_client_row():
   tree['b']['c'] = tree['b']['c'].at[2, 3].set(jnp.inf)
   assert rounds.finite_rows(tree, 3).tolist() == [True, False, False]
   assert rounds.finite_rows({}, 2).tolist() == [True, True]
+  # Small leaves are checked packed side by side, large ones alone; bfloat16 too.
+  from fedjax_mtl.algorithms import rows as row_lib
+  big = jnp.ones((3, row_lib.PACK_MAX_COLUMNS))
+  tree = {'big': big.at[0, 5].set(-jnp.inf), 'half': jnp.ones((3, 2), jnp.bfloat16).at[2, 1].set(
+      jnp.nan), 'ok': jnp.ones((3, 4))}
+  assert rounds.finite_rows(tree, 3).tolist() == [False, True, False]
+  h = rounds.health([{'loss': jnp.ones((1, 1))}], [{'w': jnp.ones((1, 3))}],
+                    [{'w': jnp.ones((1, 3))}], {'u': big[0].at[7].set(jnp.nan), 'a': jnp.ones(2)})
+  assert not bool(h['server'])
 
 
 def test_health_flags_losses_params_aggregates_and_server():

@@ -178,6 +178,40 @@ def test_delta_gram_chunked_pass_matches_numpy(n):
   close(m, rows @ rows.T, (rows * rows).sum(1).max())
 
 
+def test_packed_small_leaves_give_the_per_leaf_result(monkeypatch):
+  # The Gram pass, ‖g_w‖ and Ũ over packed small leaves (one operand) equal the
+  # same computed leaf by leaf; rows in two Blocks parts, a bfloat16 leaf, a
+  # leaf large enough to stay on its own.
+  rng = np.random.default_rng(3)
+  shapes = {"big": (row_lib.PACK_MAX_COLUMNS + 5,), "w": (7, 3), "b": (11,),
+            "half": (4, 5), "s": ()}
+  def tree(n, scale=1.0):
+    t = {k: (scale * rng.standard_normal((n,) + s)).astype(np.float32) for k, s in shapes.items()}
+    t["half"] = jnp.asarray(t["half"], jnp.bfloat16)
+    return t
+  local = [tree(2), tree(3)]
+  prev = [jax.tree.map(lambda x: x + 0.1 * jnp.ones_like(x), t) for t in local]
+  probe = jax.tree.map(lambda x: jnp.asarray(x[0], jnp.float32), tree(1))
+  def run():
+    f = jax.jit(lambda lo, pr, pb: h.conflict_averse_from(
+        row_lib.Blocks(tuple(lo)), row_lib.Blocks(tuple(pr)), c=0.4, probe=pb,
+        diagnostics=False))
+    return f(local, prev, probe)
+  pack = row_lib.pack_small(row_lib.row_leaves(row_lib.Blocks(tuple(local))),
+                                     [None] * 5, [None] * 5)
+  assert sorted(len(i) for i in pack.leaves) == [1, 4]  # "big" alone, the rest packed
+  u, aux = run()
+  monkeypatch.setattr(row_lib, "PACK_MAX_COLUMNS", 0)  # every leaf on its own
+  u0, aux0 = run()
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), u) == jax.tree.map(
+      lambda x: (x.shape, x.dtype), u0)
+  for got, want in zip(jax.tree.leaves(u), jax.tree.leaves(u0)):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=1e-5, atol=1e-6)
+  for k in ("w", "gram", "probe_dots", "gw_norm"):
+    np.testing.assert_allclose(np.asarray(aux[k]), np.asarray(aux0[k]), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("n", [2, 5, 6, 12, 24])
 def test_solver_matches_slsqp_realistic_scale(n):
   # Runs through conflict_averse (float32 Gram of a pytree, in-graph solver); the

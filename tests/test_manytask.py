@@ -400,3 +400,30 @@ def test_max_steps_per_round_keeps_each_slots_first_steps():
     for a, b in zip(full, capped):
       np.testing.assert_array_equal(np.asarray(a)[:3], np.asarray(b))
     assert capped[0].shape == (3, 8)
+
+
+def test_evaluation_skips_the_batches_past_each_tasks_test_split(fedavg_run, local_round1):
+  """Tasks with test splits of different sizes: the counts, accuracy and loss do not
+  depend on the evaluation batch (batches past a task's split are skipped, a real
+  branch), and they are those of the task's own examples only."""
+  from fedjax_mtl.manytask.run import concat_split
+  run = fedavg_run
+  state, _ = local_round1
+  keep = [20, 7, 13, 1]  # examples kept per task
+  test = [(x[:k], y[:k]) for (x, y), k in zip(run.data.test, keep)]
+  pairs = jnp.asarray(run.eval_pairs)
+  got = {}
+  for batch in (4, 32):  # 5 batches for the largest split, or one for all
+    fn = engine.make_eval(run.setting, run.model, np.asarray(keep), batch)
+    got[batch] = jax.device_get(fn(state, run.backbone, pairs, *concat_split(test)))
+  np.testing.assert_array_equal(got[4][0], got[32][0])
+  np.testing.assert_allclose(got[4][1], got[32][1], rtol=1e-5)
+  tasks = run.setting.pairs[run.eval_pairs, 1]
+  assert (got[4][0] <= np.asarray(keep)[tasks]).all() and got[4][0].max() > 0
+  # The 1-example task's loss is that example's: the same as with the other
+  # tasks' splits cut to one example too (their extra examples never enter it).
+  one = [(x[:1], y[:1]) for x, y in test]
+  fn = engine.make_eval(run.setting, run.model, np.ones(4, int), 4)
+  right1, loss1 = jax.device_get(fn(state, run.backbone, pairs, *concat_split(one)))
+  last = tasks == 3
+  np.testing.assert_allclose(loss1[last], got[4][1][last], rtol=1e-5)

@@ -3,8 +3,9 @@
 Every function takes "stacked pytrees": nested dicts (any pytree) of arrays whose
 leaves share a leading axis (N clients for encoders, K decoders for decoders).
 Nothing here concatenates all parameters into one vector: reductions are done
-leaf by leaf (over the encoders, in cache-sized column chunks) and summed, so no
-leaf-sized temporary of the N updates is made (the Swin-T encoder is 27.5M
+leaf by leaf (over the encoders, in cache-sized column chunks; leaves under
+`rows.PACK_MAX_COLUMNS` columns packed side by side into one operand) and summed,
+so no temporary of the N updates' large leaves is made (the Swin-T encoder is 27.5M
 parameters times N = 6..24 clients). :func:`conflict_averse_from` takes the local
 and previous parameters and never materialises their difference.
 
@@ -31,7 +32,8 @@ import numpy as np
 import optax
 
 from fedjax_mtl.algorithms.rows import (delta_gram, deviation_gram, gram,  # noqa: F401
-                                        row_leaves, segment_rows)
+                                        operand_gram, pack_small, row_leaves, segment_rows,
+                                        unpack)
 
 PyTree = Any
 
@@ -311,7 +313,11 @@ def conflict_averse_from(
   leaves = row_leaves(local)
   prevs = [None] * len(leaves) if prev is None else row_leaves(prev)
   n = segment_rows(leaves[0])
-  a, probe_dots = delta_gram(local, prev, probe)
+  # The small leaves are packed into one operand (rows.pack_small) shared by the
+  # Gram pass, the ‖g_w‖ pass and Ũ; the large ones are read in place.
+  packed = pack_small(leaves, prevs, [None] * len(leaves) if probe is None else _leaves(probe))
+  g = operand_gram(packed)
+  a, probe_dots = g[:n, :n], (None if probe is None else g[n, :n])
   w = solve_ca_dual(a, c)
   sqrt_phi = _sqrt_phi(a, c)
   scale = 1.0 / (1.0 + c**2) if rescale else 1.0
@@ -346,7 +352,7 @@ def conflict_averse_from(
         g = g + jnp.sum(wj * d, axis=0)
         lo += x.shape[0]
       return jnp.sum(jnp.square(g))
-    return sum(leaf(x, y) for x, y in zip(leaves, prevs))
+    return sum(leaf(x, y) for x, y, _ in packed.ops)
 
   gw_sq = jax.lax.cond(gw_sq * _MAX_GRAM_CANCELLATION >= spread, lambda: gw_sq,
                        gw_sq_from_rows)
@@ -359,9 +365,11 @@ def conflict_averse_from(
   # branch, taken only for a NaN coefficient, gives what the sum would: NaN.
   out = jax.lax.cond(
       ~jnp.any(jnp.isnan(coef)),
-      lambda: [combine(coef, x, y) for x, y in zip(leaves, prevs)],
+      lambda: [combine(coef, x, y) for x, y, _ in packed.ops],
       lambda: [jnp.full(x[0].shape[1:], jnp.nan, x[0].dtype if y is None else jnp.float32)
-               for x, y in zip(leaves, prevs)])
+               for x, y, _ in packed.ops])
+  out = [o.astype(x[0].dtype if y is None else jnp.float32) for o, x, y in
+         zip(unpack(packed, out, [x[0] for x in leaves]), leaves, prevs)]
   structure = local.parts[0] if hasattr(local, 'parts') else local
   out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(structure), out)
 

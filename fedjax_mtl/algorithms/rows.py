@@ -183,6 +183,74 @@ def chunking(d: int, target: int) -> tuple[int, int]:
   return target, d // target
 
 
+# Leaves of fewer columns than this are packed side by side (one float32 copy
+# of them, per row segment) before the Gram pass, so that the pass is a few
+# chunked loops instead of one reduction chain per leaf: the compiled program
+# of a rule over a Swin encoder otherwise grows with its ~100-200 leaves
+# (biases, norms, small projections), most of the rule's compile time. Larger
+# leaves are read in place, as before.
+PACK_MAX_COLUMNS = 65536
+
+
+class Packed(NamedTuple):
+  """Gram operands of a tree's leaves (`pack_small`): `ops[k]` = (local segments,
+  prev segments or None, probe or None); `leaves[k]` = the leaf indices it holds,
+  side by side along the columns when more than one."""
+  ops: list
+  leaves: list
+
+
+def pack_small(leaves: list[list[jax.Array]], prevs: list, probes: list,
+               max_columns: int | None = None) -> Packed:
+  """The Gram operands of `row_leaves` lists `leaves`/`prevs` (entries None when
+  there is no prev) and `probes` (arrays or Nones): each leaf of `max_columns`
+  columns or more on its own (read in place), the smaller ones flattened to
+  float32 and concatenated along their columns into one operand, in leaf order
+  (`max_columns` defaults to `PACK_MAX_COLUMNS`)."""
+  max_columns = PACK_MAX_COLUMNS if max_columns is None else max_columns
+  cols = [int(np.prod(x[0].shape[1:], dtype=np.int64)) for x in leaves]
+  small = [i for i, d in enumerate(cols) if d < max_columns]
+  if len(small) < 2:
+    return Packed([(leaves[i], prevs[i], probes[i]) for i in range(len(leaves))],
+                  [[i] for i in range(len(leaves))])
+  big = [i for i, d in enumerate(cols) if d >= max_columns]
+
+  def cat(arrays):
+    return jnp.concatenate([_flat(a) for a in arrays], axis=1)
+
+  nseg = len(leaves[small[0]])
+  xs = [cat([leaves[i][j] for i in small]) for j in range(nseg)]
+  ys = None if prevs[small[0]] is None else [cat([prevs[i][j] for i in small])
+                                             for j in range(nseg)]
+  v = (None if probes[small[0]] is None else
+       jnp.concatenate([jnp.reshape(probes[i], (-1,)).astype(jnp.float32) for i in small]))
+  return Packed([(xs, ys, v)] + [(leaves[i], prevs[i], probes[i]) for i in big],
+                [small] + [[i] for i in big])
+
+
+def unpack(packed: Packed, outs: list[jax.Array], like: list[jax.Array]) -> list[jax.Array]:
+  """Per-leaf arrays from one output per operand: a one-leaf operand's output is
+  the leaf's own; a packed operand's has the packed columns last (e.g. [d] or
+  [R, d]) and is split into its leaves, shaped like `like[i]` without the rows
+  axis."""
+  res = [None] * len(like)
+  for out, idx in zip(outs, packed.leaves):
+    if len(idx) == 1:
+      res[idx[0]] = out
+      continue
+    lo = 0
+    for i in idx:
+      d = int(np.prod(like[i].shape[1:], dtype=np.int64))
+      res[i] = out[..., lo:lo + d].reshape(out.shape[:-1] + like[i].shape[1:])
+      lo += d
+  return res
+
+
+def operand_gram(packed: Packed, mix: jax.Array | None = None) -> jax.Array:
+  """The summed Gram matrices of `packed`'s operands (`_leaf_gram`)."""
+  return sum(_leaf_gram(x, y, v, mix) for x, y, v in packed.ops)
+
+
 def delta_gram(
     local: PyTree,
     prev: PyTree | None = None,
@@ -202,7 +270,7 @@ def delta_gram(
     raise ValueError("gram: empty pytree")
   prevs = [None] * len(leaves) if prev is None else row_leaves(prev)
   probes = [None] * len(leaves) if probe is None else _leaves(probe)
-  g = sum(_leaf_gram(x, y, v, mix) for x, y, v in zip(leaves, prevs, probes, strict=True))
+  g = operand_gram(pack_small(leaves, prevs, probes), mix)
   r = segment_rows(leaves[0]) if mix is None else mix.shape[0]
   return g[:r, :r], (None if probe is None else g[r, :r])
 
