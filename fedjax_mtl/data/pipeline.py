@@ -72,6 +72,27 @@ def _ensure_absl_flags_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
+def exit_with_parent(worker_index: int = 0, worker_count: int = 0,
+                     poll_seconds: float = 1.0) -> None:
+  """In a grain worker: exit when the process that started it is gone.
+
+  A run killed with SIGKILL (e.g. by the OOM killer) cannot stop its workers, and
+  they would keep their memory and shared-memory buffers until killed by hand. A
+  daemon thread polls the parent pid and ends the worker once it has changed."""
+  del worker_index, worker_count
+  import os
+  import threading
+  import time
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(poll_seconds)
+    os._exit(0)  # the parent is gone: nobody reads this worker's batches
+
+  threading.Thread(target=watch, name='exit_with_parent', daemon=True).start()
+
+
 def iterate_dataset(ds: grain.MapDataset, worker_count: int, read_threads: int,
              prefetch_batches: int) -> Iterator[Batch]:
   threads = read_threads if worker_count == 0 else min(read_threads, 1)
@@ -80,7 +101,8 @@ def iterate_dataset(ds: grain.MapDataset, worker_count: int, read_threads: int,
   if worker_count > 0:
     _ensure_absl_flags_parsed()
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=worker_count, per_worker_buffer_size=max(prefetch_batches, 1)))
+        num_workers=worker_count, per_worker_buffer_size=max(prefetch_batches, 1)),
+        worker_init_fn=exit_with_parent)
   it = iter(it_ds)
   try:
     if worker_count > 0:
