@@ -236,6 +236,18 @@ def train_compiler_options(config) -> dict[str, str] | None:
   return None
 
 
+# The round-0 state's programs run once per run and take milliseconds, so on the
+# CPU backend they are compiled without LLVM's optimisation passes and with
+# XLA:CPU's elemental emitters: 2.4x less compile time for the default config's
+# init program (BENCHMARKS.md); the values agree to the last bit or two.
+RUN_ONCE_ON_CPU = {'xla_backend_optimization_level': 0, 'xla_cpu_use_fusion_emitters': False}
+
+
+def run_once_compiler_options() -> dict | None:
+  """XLA options for programs that run once (`RUN_ONCE_ON_CPU` on CPU, else None)."""
+  return dict(RUN_ONCE_ON_CPU) if jax.default_backend() == 'cpu' else None
+
+
 def views(exp: Experiment, group_params: list, role: str) -> PyTree:
   """`role`'s rows of every real client, stacked across groups."""
   return federation.gather_rows(
@@ -311,7 +323,9 @@ class InitProgram:
     seed = jax.ShapeDtypeStruct((), jnp.uint32)
     rep, shard = exp.replicated, exp.client_sharding
     pb, rnd, rng = jax.eval_shape(init, seed)
-    self.params = jax.jit(init, out_shardings=(jax.tree.map(lambda _: shard, pb), rep, rep))
+    once = run_once_compiler_options()
+    self.params = jax.jit(init, out_shardings=(jax.tree.map(lambda _: shard, pb), rep, rep),
+                          compiler_options=once)
 
     def states(pb, rnd, rng, enc=None):
       if enc is not None:  # {'params': ..., 'batch_stats': ... (encoders with batch norm)}
@@ -322,14 +336,25 @@ class InitProgram:
               for (p, b), g in zip(pb, exp.fed.groups)]
       return _with_server(exp, _client_states(exp, pb), rnd, rng)
 
+    self._init, self._states = init, states  # unjitted, for shapes (`abstract`)
     shapes = jax.eval_shape(states, pb, rnd, rng)
-    self.states = jax.jit(states, out_shardings=_state_shardings(exp, shapes))
+    self.states = jax.jit(states, out_shardings=_state_shardings(exp, shapes),
+                          compiler_options=once)
     on = lambda t, sh: jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), t)
     self._states_args = (on(pb, shard), on(rnd, rep), on(rng, rep), None)
 
   def __call__(self, seed, enc=None) -> FedState:
     return self.states(*self.params(seed), enc)
+
+  def abstract(self, seed) -> FedState:
+    """The round-0 state's shapes (traced from the unjitted functions: a jit with
+    compiler options cannot be traced inside another trace)."""
+    return jax.eval_shape(lambda k: self._states(*self._init(k)), seed)
+
+  def abstract_params(self, seed):
+    """The shapes of `params(seed)`."""
+    return jax.eval_shape(self._init, seed)
 
   def jobs(self, seed) -> list[tuple[str, Any, tuple]]:
     """`compile_programs` jobs of both programs (the states program for a run that
@@ -356,12 +381,12 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   program = exp.init_program
   pretrained = exp.config.model.get('pretrained_path')
   if abstract:
-    state = jax.eval_shape(program, key)
+    state = program.abstract(key)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         state, _state_shardings(exp, state))
   enc = None
   if pretrained:
-    params, stats = jax.eval_shape(program.params, key)[0][0]
+    params, stats = program.abstract_params(key)[0][0]
     like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), like)
     enc = load_pretrained_encoder(pretrained, exp.encoder, one)  # one client's shapes

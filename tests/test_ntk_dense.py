@@ -218,8 +218,8 @@ def test_ntkfedprox_adds_the_proximal_term_on_the_backbone_only():
   client = exp.algorithm.client
   assert client.forward is base.linearized_forward and client.loss is not None
   labels = exp.labels[0]
-  params = jax.tree.map(lambda x: jnp.ones(x.shape[1:]), jax.eval_shape(
-      lambda: experiment.init_state(exp)).groups[0].params)
+  params = jax.tree.map(lambda x: jnp.ones(x.shape[1:]),
+                        experiment.init_state(exp, abstract=True).groups[0].params)
   start = jax.tree.map(jnp.zeros_like, params)
   ctx = base.ClientCtx(params=params, start=start, state=(), server_rows={}, labels=labels,
                        batch={})

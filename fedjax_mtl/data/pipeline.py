@@ -12,6 +12,7 @@ streams differ.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Iterator, Mapping, Sequence
@@ -72,18 +73,17 @@ def _ensure_absl_flags_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
-def exit_with_parent(worker_index: int = 0, worker_count: int = 0,
+def exit_with_parent(worker_index: int = 0, worker_count: int = 0, *, parent: int,
                      poll_seconds: float = 1.0) -> None:
-  """In a grain worker: exit when the process that started it is gone.
+  """In a grain worker: exit when `parent` (the pid of the process that started
+  it, passed from there) is no longer its parent.
 
   A run killed with SIGKILL (e.g. by the OOM killer) cannot stop its workers, and
   they would keep their memory and shared-memory buffers until killed by hand. A
-  daemon thread polls the parent pid and ends the worker once it has changed."""
+  daemon thread polls the parent pid and ends the worker once it has changed (also
+  when the run died before this worker started)."""
   del worker_index, worker_count
-  import os
   import threading
-  import time
-  parent = os.getppid()
 
   def watch():
     while os.getppid() == parent:
@@ -102,7 +102,7 @@ def iterate_dataset(ds: grain.MapDataset, worker_count: int, read_threads: int,
     _ensure_absl_flags_parsed()
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=worker_count, per_worker_buffer_size=max(prefetch_batches, 1)),
-        worker_init_fn=exit_with_parent)
+        worker_init_fn=functools.partial(exit_with_parent, parent=os.getpid()))
   it = iter(it_ds)
   try:
     if worker_count > 0:
