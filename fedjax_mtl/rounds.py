@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl.algorithms import rows as rows_lib
 from fedjax_mtl import federation, local_training
+from fedjax_mtl.algorithms import rows as rows_lib
 from fedjax_mtl.algorithms.base import (ServerInputs, ServerState, merge_view, role_view, stack,
                                         unstack)
 from fedjax_mtl.experiment import Experiment, train_compiler_options

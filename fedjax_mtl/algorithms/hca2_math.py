@@ -32,8 +32,7 @@ import numpy as np
 import optax
 
 from fedjax_mtl.algorithms.rows import (delta_gram, deviation_gram, gram,  # noqa: F401
-                                        operand_gram, pack_small, row_leaves, segment_rows,
-                                        unpack)
+                                        pack, packed_gram, row_leaves, segment_rows, unpack)
 
 PyTree = Any
 
@@ -313,11 +312,10 @@ def conflict_averse_from(
   leaves = row_leaves(local)
   prevs = [None] * len(leaves) if prev is None else row_leaves(prev)
   n = segment_rows(leaves[0])
-  # The small leaves are packed into one operand (rows.pack_small) shared by the
+  # The small leaves are packed into one operand (rows.pack) shared by the
   # Gram pass, the ‖g_w‖ pass and Ũ; the large ones are read in place.
-  packed = pack_small(leaves, prevs, [None] * len(leaves) if probe is None else _leaves(probe))
-  g = operand_gram(packed)
-  a, probe_dots = g[:n, :n], (None if probe is None else g[n, :n])
+  packed = pack(local, prev, probe)
+  a, probe_dots = packed_gram(packed)
   w = solve_ca_dual(a, c)
   sqrt_phi = _sqrt_phi(a, c)
   scale = 1.0 / (1.0 + c**2) if rescale else 1.0

@@ -246,9 +246,24 @@ def unpack(packed: Packed, outs: list[jax.Array], like: list[jax.Array]) -> list
   return res
 
 
-def operand_gram(packed: Packed, mix: jax.Array | None = None) -> jax.Array:
-  """The summed Gram matrices of `packed`'s operands (`_leaf_gram`)."""
-  return sum(_leaf_gram(x, y, v, mix) for x, y, v in packed.ops)
+def pack(local: PyTree, prev: PyTree | None = None, probe: PyTree | None = None) -> Packed:
+  """`pack_small` of stacked trees or `Blocks` `local`/`prev` and one client's `probe`."""
+  leaves = row_leaves(local)
+  if not leaves:
+    raise ValueError("gram: empty pytree")
+  prevs = [None] * len(leaves) if prev is None else row_leaves(prev)
+  probes = [None] * len(leaves) if probe is None else _leaves(probe)
+  return pack_small(leaves, prevs, probes)
+
+
+def packed_gram(packed: Packed, mix: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array | None]:
+  """`delta_gram` of packed operands: the Gram matrix of their rows (or of mix @ rows)
+  and the probe's inner products (None without a probe), summed over the operands."""
+  g = sum(_leaf_gram(x, y, v, mix) for x, y, v in packed.ops)
+  local, _, probe = packed.ops[0]
+  r = segment_rows(local) if mix is None else mix.shape[0]
+  return g[:r, :r], (None if probe is None else g[r, :r])
 
 
 def delta_gram(
@@ -265,14 +280,7 @@ def delta_gram(
   inner products <probe, row> [R] (else None), from the same single read pass
   over `local` and `prev`. Accumulated leaf by leaf.
   """
-  leaves = row_leaves(local)
-  if not leaves:
-    raise ValueError("gram: empty pytree")
-  prevs = [None] * len(leaves) if prev is None else row_leaves(prev)
-  probes = [None] * len(leaves) if probe is None else _leaves(probe)
-  g = operand_gram(pack_small(leaves, prevs, probes), mix)
-  r = segment_rows(leaves[0]) if mix is None else mix.shape[0]
-  return g[:r, :r], (None if probe is None else g[r, :r])
+  return packed_gram(pack(local, prev, probe), mix)
 
 
 def deviation_gram(stacked: PyTree, valid: jax.Array | None = None) -> jax.Array:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -83,7 +84,6 @@ def exit_with_parent(worker_index: int = 0, worker_count: int = 0, *, parent: in
   daemon thread polls the parent pid and ends the worker once it has changed (also
   when the run died before this worker started)."""
   del worker_index, worker_count
-  import threading
 
   def watch():
     while os.getppid() == parent:
