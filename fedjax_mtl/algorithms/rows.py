@@ -187,9 +187,10 @@ def chunking(d: int, target: int) -> tuple[int, int]:
 # of them, per row segment) before the Gram pass, so that the pass is a few
 # chunked loops instead of one reduction chain per leaf: the compiled program
 # of a rule over a Swin encoder otherwise grows with its ~100-200 leaves
-# (biases, norms, small projections), most of the rule's compile time. Larger
-# leaves are read in place, as before.
-PACK_MAX_COLUMNS = 65536
+# (biases, norms, small tables), most of the rule's compile time. Larger
+# leaves are read in place, as before: at 65,536 the copy of Swin-T's stage 1-2
+# projections made the 1c aggregation 1.4x slower per round (BENCHMARKS.md).
+PACK_MAX_COLUMNS = 4096
 
 
 class Packed(NamedTuple):
