@@ -336,8 +336,8 @@ class InitProgram:
               for (p, b), g in zip(pb, exp.fed.groups)]
       return _with_server(exp, _client_states(exp, pb), rnd, rng)
 
-    self._init, self._states = init, states  # unjitted, for shapes (`abstract`)
     shapes = jax.eval_shape(states, pb, rnd, rng)
+    self._shapes = (pb, rnd, rng), shapes  # of `params` and of the round-0 state
     self.states = jax.jit(states, out_shardings=_state_shardings(exp, shapes),
                           compiler_options=once)
     on = lambda t, sh: jax.tree.map(
@@ -348,13 +348,15 @@ class InitProgram:
     return self.states(*self.params(seed), enc)
 
   def abstract(self, seed) -> FedState:
-    """The round-0 state's shapes (traced from the unjitted functions: a jit with
-    compiler options cannot be traced inside another trace)."""
-    return jax.eval_shape(lambda k: self._states(*self._init(k)), seed)
+    """The round-0 state's shapes (traced once, when the program was built: they do
+    not depend on the seed's value)."""
+    del seed
+    return self._shapes[1]
 
   def abstract_params(self, seed):
     """The shapes of `params(seed)`."""
-    return jax.eval_shape(self._init, seed)
+    del seed
+    return self._shapes[0]
 
   def jobs(self, seed) -> list[tuple[str, Any, tuple]]:
     """`compile_programs` jobs of both programs (the states program for a run that

@@ -243,12 +243,13 @@ def finite_rows(tree: PyTree, n: int) -> jax.Array:
 
 
 def _packed_columns(rows: list[jax.Array]) -> list[jax.Array]:
-  """[r, d] arrays with the small ones (d < `rows.PACK_MAX_COLUMNS`) concatenated
-  along d in float32 (inf and NaN kept): one reduction over them, not one per
-  leaf, as a program's compile time grows with its reductions (a Swin client has
-  ~200 leaves); the large ones as they are."""
-  small = [x.astype(jnp.float32) for x in rows if x.shape[1] < rows_lib.PACK_MAX_COLUMNS]
-  big = [x for x in rows if x.shape[1] >= rows_lib.PACK_MAX_COLUMNS]
+  """[r, d] arrays with the ones `rows.packed_indices` chooses concatenated along d in
+  float32 (inf and NaN kept): one reduction over them, not one per leaf, as a
+  program's compile time grows with its reductions (a Swin client has ~200
+  leaves); the others as they are."""
+  chosen = set(rows_lib.packed_indices([x.shape[1] for x in rows]))
+  small = [x.astype(jnp.float32) for i, x in enumerate(rows) if i in chosen]
+  big = [x for i, x in enumerate(rows) if i not in chosen]
   return big + ([jnp.concatenate(small, axis=1)] if small else [])
 
 

@@ -54,9 +54,13 @@ so that every reader still works: at least 2 images per PASCAL / NYUD split,
 class folders are the classes; so GTSRB and every tasks30 task keep all their
 classes) and min(classes, 10) in its test split. A PASCAL / NYUD copy is a
 subset of the full one at the same seed (same ids, same images).
-``--test_fraction`` scales the PASCAL / NYUD val split on its own (default: as
-``--fraction``): e.g. a copy large enough for 20 clients' training with a val split
-of 16 images, for rehearsals (`scripts/rehearse.py`) that evaluate it whole.
+``--test_fraction`` scales the evaluation splits on their own (default: as
+``--fraction``): the PASCAL / NYUD val split, the tasks8 TFDS ``test`` splits (and
+GTSRB's test folder; RESISC45's and EuroSAT's test is carved from their train
+split, so it follows ``--fraction``) and the tasks30 test folders: e.g. a copy large
+enough for 20 clients' training with a val split of 16 images, or an 8-task copy
+large enough for a Dirichlet(0.1) split over 10 clients per task with 1 % of the
+test images, for rehearsals (`scripts/rehearse.py`) that evaluate them whole.
 Every call writes ``<out>/fake_datasets.json`` (each dataset's fractions, examples
 per split and the real ones), from which `scripts/rehearse.py` scales its figures.
 ``--tasks`` limits tasks8 / tasks30 to some tasks. An existing non-empty dataset
@@ -668,13 +672,17 @@ def tfds_labels(task: str, n: int, num_classes: int) -> np.ndarray:
 
 
 def write_tfds_task(data_dir: str, task: str, fraction: float = 1.0, seed: int = 0, pool=None,
-                    log=print, max_side: int | None = None) -> dict[str, int]:
+                    log=print, max_side: int | None = None,
+                    test_fraction: float | None = None) -> dict[str, int]:
   """Prepare the real TFDS builder of `task` in `data_dir` with generated examples
-  (array_record); GTSRB as its ImageFolder. Returns the examples per split."""
+  (array_record); GTSRB as its ImageFolder. Returns the examples per split. The
+  `test` split is scaled by `test_fraction` (default: `fraction`)."""
   from fedjax_mtl.data import tfds_tasks
   spec = tfds_tasks.TASK_SPECS[task]
   info = TASKS8[task]
-  counts = {s: scaled(n, fraction, info.minimum) for s, n in info.splits.items()}
+  test_fraction = fraction if test_fraction is None else test_fraction
+  counts = {s: scaled(n, test_fraction if s == 'test' else fraction, info.minimum)
+            for s, n in info.splits.items()}
   if spec.tfds_name is None:  # GTSRB: ImageFolder with the training archive's folder names
     root = os.path.join(data_dir, task)
     counts['train'] = max(counts['train'], spec.num_classes)  # every class folder non-empty
@@ -734,9 +742,9 @@ def write_tfds_task(data_dir: str, task: str, fraction: float = 1.0, seed: int =
 
 
 def write_tasks8(data_dir: str, tasks: Sequence[str] | None = None, fraction: float = 1.0,
-                 seed: int = 0, pool=None, log=print, max_side: int | None = None
-                 ) -> dict[str, dict[str, int]]:
-  return {t: write_tfds_task(data_dir, t, fraction, seed, pool, log, max_side)
+                 seed: int = 0, pool=None, log=print, max_side: int | None = None,
+                 test_fraction: float | None = None) -> dict[str, dict[str, int]]:
+  return {t: write_tfds_task(data_dir, t, fraction, seed, pool, log, max_side, test_fraction)
           for t in (tasks or TASKS8)}
 
 
@@ -789,21 +797,23 @@ TASKS30 = {
 }
 
 
-def folder30_counts(task: str, fraction: float) -> dict[str, int]:
+def folder30_counts(task: str, fraction: float, test_fraction: float | None = None
+                    ) -> dict[str, int]:
   """Images per split: train at least one per class (its folders are the classes),
-  test at least min(C, 10)."""
+  test (scaled by `test_fraction`, default `fraction`) at least min(C, 10)."""
   t = TASKS30[task]
   return {'train': scaled(t.train, fraction, t.num_classes),
-          'test': scaled(t.test, fraction, min(t.num_classes, 10))}
+          'test': scaled(t.test, fraction if test_fraction is None else test_fraction,
+                         min(t.num_classes, 10))}
 
 
 def write_tasks30(data_dir: str, tasks: Sequence[str] | None = None, fraction: float = 1.0,
-                  seed: int = 0, pool=None, log=print, max_side: int | None = None
-                  ) -> dict[str, dict[str, int]]:
+                  seed: int = 0, pool=None, log=print, max_side: int | None = None,
+                  test_fraction: float | None = None) -> dict[str, dict[str, int]]:
   out = {}
   for task in (tasks or TASKS30):
     t = TASKS30[task]
-    counts = folder30_counts(task, fraction)
+    counts = folder30_counts(task, fraction, test_fraction)
     for split, n in counts.items():
       t0 = time.time()
       write_image_folder(os.path.join(data_dir, task), task, split, n, t.num_classes, t.image,
@@ -943,8 +953,6 @@ def run(out: str, datasets: Sequence[str] = DATASETS, fraction: float = 1.0,
     raise UsageError(f'--fraction must be a number in (0, 1], got {fraction!r}')
   if test_fraction is not None and not 0. < float(test_fraction) <= 1.:
     raise UsageError(f'--test_fraction must be a number in (0, 1], got {test_fraction!r}')
-  if test_fraction is not None and not {'pascal', 'nyud'} & set(datasets):
-    raise UsageError('--test_fraction applies to pascal / nyud, and neither is in --datasets')
   dense_fraction = {'train': float(fraction), 'val': float(
       fraction if test_fraction is None else test_fraction)}
   if seed < 0:
@@ -990,9 +998,11 @@ def run(out: str, datasets: Sequence[str] = DATASETS, fraction: float = 1.0,
       elif d == 'nyud':
         counts = write_nyud(root, dense_fraction, seed, pool, log)
       elif d == 'tasks8':
-        counts = write_tasks8(root, chosen.get(d), fraction, seed, pool, log, max_side)
+        counts = write_tasks8(root, chosen.get(d), fraction, seed, pool, log, max_side,
+                              test_fraction)
       else:
-        counts = write_tasks30(root, chosen.get(d), fraction, seed, pool, log, max_side)
+        counts = write_tasks30(root, chosen.get(d), fraction, seed, pool, log, max_side,
+                               test_fraction)
       seconds = time.time() - t0
       files, size = disk_usage(root)
       summary[d] = {'dir': root, 'counts': counts, 'files': files, 'bytes': size,
@@ -1033,15 +1043,15 @@ def full_counts(dataset: str) -> dict:
 
 def write_manifest(out: str, fraction: float, summary: dict,
                    test_fraction: float | None = None) -> None:
-  """`<out>/fake_datasets.json`: each written dataset's --fraction (and the dense
-  datasets' --test_fraction), its examples per split and the real ones (merged with
+  """`<out>/fake_datasets.json`: each written dataset's --fraction (and
+  --test_fraction when given), its examples per split and the real ones (merged with
   the datasets an earlier call wrote), so that `scripts/rehearse.py` can scale a
   copy's figures to the full datasets."""
   path = os.path.join(out, MANIFEST)
   manifest = json.load(open(path)) if os.path.isfile(path) else {}
   for d, v in summary.items():
     manifest[d] = {'fraction': float(fraction), 'counts': v['counts'], 'full': full_counts(d)}
-    if d in ('pascal', 'nyud') and test_fraction is not None:
+    if test_fraction is not None:
       manifest[d]['test_fraction'] = float(test_fraction)
   with open(path + '.tmp', 'w') as f:
     json.dump(manifest, f, indent=1, sort_keys=True)
@@ -1063,7 +1073,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument('--fraction', default='1.0',
                  help='scale of every split in (0, 1] (default: 1.0, the real sizes)')
   p.add_argument('--test_fraction', default='',
-                 help='scale of the PASCAL / NYUD val split in (0, 1] (default: --fraction)')
+                 help='scale of the evaluation splits in (0, 1]: PASCAL / NYUD val, the '
+                 'tasks8 / tasks30 test splits (default: --fraction)')
   p.add_argument('--workers', type=int, default=0, help='writer processes (default 0: all cores)')
   p.add_argument('--seed', type=int, default=0, help='seed of the scenes and patterns')
   p.add_argument('--tasks', default='', help='comma-separated subset of the tasks8 / tasks30 '

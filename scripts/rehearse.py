@@ -390,6 +390,7 @@ def many_task_scale(config, engine, data_dir: str, rounds: dict, calls: list) ->
   run = engine.run
   s = run.setting
   scale = {t: 1.0 for t in s.tasks}
+  test_scale_of = {}  # tasks whose test split was written on its own (--test_fraction)
   bench = {'tfds8': 'tasks8', 'folder30': 'tasks30'}.get(str(config.many.benchmark))
   for folder in (data_dir, os.path.dirname(os.path.abspath(data_dir))):
     path = os.path.join(folder, 'fake_datasets.json')
@@ -397,7 +398,10 @@ def many_task_scale(config, engine, data_dir: str, rounds: dict, calls: list) ->
       entry = json.load(open(path)).get(bench, {})
       for t in s.tasks:
         if t in entry.get('counts', {}):
-          scale[t] = entry['full'][t]['train'] / max(1, entry['counts'][t]['train'])
+          counts, full = entry['counts'][t], entry['full'][t]
+          scale[t] = full['train'] / max(1, counts['train'])
+          if 'test' in counts:
+            test_scale_of[t] = full['test'] / max(1, counts['test'])
       break
   batch = int(config.batch_size)
   m = config.many
@@ -413,7 +417,9 @@ def many_task_scale(config, engine, data_dir: str, rounds: dict, calls: list) ->
   train = sum(s.counts)
   train_scale = sum(c * scale[s.tasks[t]] for c, (_, t) in zip(s.counts, s.pairs)) / train
   test = [len(y) for _, y in run.data.test]
-  test_scale = sum(n * scale[t] for n, t in zip(test, s.tasks)) / max(1, sum(test))
+  # A task without a test split of its own (RESISC45, EuroSAT) tests on a part of train.
+  test_scale = sum(n * test_scale_of.get(t, scale[t])
+                   for n, t in zip(test, s.tasks)) / max(1, sum(test))
   # Host seconds of a steady round outside its program: the round's wall less the
   # program, its evaluation and its checkpoint (the resumed run's rounds after its first).
   resumed = [rounds[k] for k in sorted(rounds) if k >= 2]

@@ -22,7 +22,7 @@ def test_finite_rows_flags_each_client_row():
   assert rounds.finite_rows({}, 2).tolist() == [True, True]
   # Small leaves are checked packed side by side, large ones alone; bfloat16 too.
   from fedjax_mtl.algorithms import rows as row_lib
-  big = jnp.ones((3, row_lib.PACK_MAX_COLUMNS))
+  big = jnp.ones((3, row_lib.PACK_WIDE_COLUMNS))
   tree = {'big': big.at[0, 5].set(-jnp.inf), 'half': jnp.ones((3, 2), jnp.bfloat16).at[2, 1].set(
       jnp.nan), 'ok': jnp.ones((3, 4))}
   assert rounds.finite_rows(tree, 3).tolist() == [False, True, False]

@@ -178,13 +178,24 @@ def test_delta_gram_chunked_pass_matches_numpy(n):
   close(m, rows @ rows.T, (rows * rows).sum(1).max())
 
 
+def test_packed_indices_fill_the_budget_with_the_smallest_leaves(monkeypatch):
+  monkeypatch.setattr(row_lib, "PACK_MAX_COLUMNS", 100)
+  monkeypatch.setattr(row_lib, "PACK_WIDE_COLUMNS", 1000)
+  monkeypatch.setattr(row_lib, "PACK_BUDGET_COLUMNS", 900)
+  cols = [50, 700, 99, 300, 5000, 400, 200]
+  # every leaf under 100 (149 columns), then 200, 300 (649); 400 would pass 900
+  assert row_lib.packed_indices(cols) == [0, 2, 3, 6]
+  monkeypatch.setattr(row_lib, "PACK_BUDGET_COLUMNS", 0)  # the small ones whatever the budget
+  assert row_lib.packed_indices(cols) == [0, 2]
+
+
 def test_packed_small_leaves_give_the_per_leaf_result(monkeypatch):
   # The Gram pass, ‖g_w‖ and Ũ over packed small leaves (one operand) equal the
   # same computed leaf by leaf; rows in two Blocks parts, a bfloat16 leaf, a
   # leaf large enough to stay on its own.
   rng = np.random.default_rng(3)
-  shapes = {"big": (row_lib.PACK_MAX_COLUMNS + 5,), "w": (7, 3), "b": (11,),
-            "half": (4, 5), "s": ()}
+  shapes = {"big": (row_lib.PACK_WIDE_COLUMNS + 5,), "mid": (row_lib.PACK_MAX_COLUMNS + 3,),
+            "w": (7, 3), "b": (11,), "half": (4, 5), "s": ()}
   def tree(n, scale=1.0):
     t = {k: (scale * rng.standard_normal((n,) + s)).astype(np.float32) for k, s in shapes.items()}
     t["half"] = jnp.asarray(t["half"], jnp.bfloat16)
@@ -197,12 +208,20 @@ def test_packed_small_leaves_give_the_per_leaf_result(monkeypatch):
         row_lib.Blocks(tuple(lo)), row_lib.Blocks(tuple(pr)), c=0.4, probe=pb,
         diagnostics=False))
     return f(local, prev, probe)
-  pack = row_lib.pack_small(row_lib.row_leaves(row_lib.Blocks(tuple(local))),
-                                     [None] * 5, [None] * 5)
-  assert sorted(len(i) for i in pack.leaves) == [1, 4]  # "big" alone, the rest packed
+  def groups():
+    return sorted(len(i) for i in row_lib.pack_small(
+        row_lib.row_leaves(row_lib.Blocks(tuple(local))), [None] * 6, [None] * 6).leaves)
+  assert groups() == [1, 5]  # "big" alone, the rest ("mid" within the budget) packed
   u, aux = run()
+  monkeypatch.setattr(row_lib, "PACK_BUDGET_COLUMNS", 0)  # only the leaves under 4,096
+  assert groups() == [1, 1, 4]
+  u1, aux1 = run()
   monkeypatch.setattr(row_lib, "PACK_MAX_COLUMNS", 0)  # every leaf on its own
+  assert groups() == [1] * 6
   u0, aux0 = run()
+  for got, want in zip(jax.tree.leaves((u1, aux1)), jax.tree.leaves((u, aux))):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=1e-5, atol=1e-6)
   assert jax.tree.map(lambda x: (x.shape, x.dtype), u) == jax.tree.map(
       lambda x: (x.shape, x.dtype), u0)
   for got, want in zip(jax.tree.leaves(u), jax.tree.leaves(u0)):

@@ -205,11 +205,17 @@ def test_tasks30_every_task_small(tmp_path):
 
 def test_tasks30_real_sizes(tmp_path):
   out = str(tmp_path)
+  # --test_fraction scales the test folders alone (mnist 10,000 * 0.005; the others at
+  # their floors)
   summary = mfd.run(out, ('tasks30',), 0.003, workers=1, tasks=['beans', 'mango_leaf', 'mnist'],
-                    log=_quiet)
+                    log=_quiet, test_fraction=0.005)
   assert summary['tasks30']['counts'] == {'beans': {'train': 3, 'test': 3},
                                           'mango_leaf': {'train': 10, 'test': 8},
-                                          'mnist': {'train': 180, 'test': 30}}
+                                          'mnist': {'train': 180, 'test': 50}}
+  manifest = json.load(open(os.path.join(out, 'fake_datasets.json')))['tasks30']
+  assert manifest['fraction'] == 0.003 and manifest['test_fraction'] == 0.005
+  assert manifest['counts']['mnist'] == {'train': 180, 'test': 50}
+  assert manifest['full']['mnist'] == {'train': 60000, 'test': 10000}
   d = os.path.join(out, 'folder30')
   assert sorted(os.listdir(d)) == ['beans', 'mango_leaf', 'mnist']
   expect = {'beans': ((500, 500), 'RGB', 'JPEG'), 'mango_leaf': ((320, 240), 'RGB', 'JPEG'),
@@ -238,7 +244,6 @@ def _main(capsys, *argv):
     (['--datasets=pascal', '--tasks=mnist'], '--tasks applies to tasks8 / tasks30'),
     (['--workers=-1'], '--workers must be >= 0'),
     (['--test_fraction=2'], "--test_fraction must be a number in (0, 1], got '2'"),
-    (['--datasets=tasks30', '--test_fraction=0.5'], '--test_fraction applies to pascal / nyud'),
 ])
 def test_bad_input_is_one_error_line(tmp_path, capsys, argv, needle):
   out = tmp_path / 'out'

@@ -427,3 +427,15 @@ def test_evaluation_skips_the_batches_past_each_tasks_test_split(fedavg_run, loc
   right1, loss1 = jax.device_get(fn(state, run.backbone, pairs, *concat_split(one)))
   last = tasks == 3
   np.testing.assert_allclose(loss1[last], got[4][1][last], rtol=1e-5)
+
+
+def test_slots_trained_k_at_a_time_give_the_vmapped_round(fedavg_run):
+  # max_parallel_clients = 2 over the round's slots (an odd count leaves a remainder
+  # batch): the same round as every slot in one vmap, up to float reassociation.
+  st = fedavg_run.setting
+  assert st.num_slots > 2
+  batched = run_lib.build_run(tiny(max_parallel_clients=2))
+  (a, out_a), (b, out_b) = _round1(fedavg_run), _round1(batched)
+  for x, y in zip(jax.tree.leaves((a, out_a)), jax.tree.leaves((b, out_b))):
+    np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
+                               rtol=2e-5, atol=2e-6)

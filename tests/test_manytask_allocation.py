@@ -266,3 +266,14 @@ def test_conflict_groups_span_the_asked_number_of_clusters():
   for bad in (1, 4):
     with pytest.raises(ConfigError, match='valid levels: 0, 2, 3'):
       mt.conflict_groups(clusters, bad, 10)
+
+
+def test_a_failed_split_names_its_task_and_the_settings_to_change():
+  # One example per class (a small copy of a 397-class task): every class's single
+  # example goes to one client, so no Dirichlet(0.1) split over 10 clients gives each 10.
+  labels = [np.arange(1000) % 5, np.arange(397)]
+  with pytest.raises(ConfigError, match=r'^task sun397: no Dirichlet\(0\.1\) split of 397 '
+                     r'samples over 10 clients .* raise many\.zeta_c, lower many\.min_size'):
+    mt.allocate(labels, 10, None, 0.1, seed=0, names=['mnist', 'sun397'], fields='many.')
+  a = mt.allocate(labels, 10, None, 0.1, seed=0, min_size=0, names=['mnist', 'sun397'])
+  assert sorted(np.concatenate([a.indices[c][1] for c in range(10)]).tolist()) == list(range(397))

@@ -3,8 +3,8 @@
 Every function takes "stacked pytrees": nested dicts (any pytree) of arrays whose
 leaves share a leading axis (N clients for encoders, K decoders for decoders).
 Nothing here concatenates all parameters into one vector: reductions are done
-leaf by leaf (over the encoders, in cache-sized column chunks; leaves under
-`rows.PACK_MAX_COLUMNS` columns packed side by side into one operand) and summed,
+leaf by leaf (over the encoders, in cache-sized column chunks; the small leaves
+`rows.packed_indices` chooses packed side by side into one operand) and summed,
 so no temporary of the N updates' large leaves is made (the Swin-T encoder is 27.5M
 parameters times N = 6..24 clients). :func:`conflict_averse_from` takes the local
 and previous parameters and never materialises their difference.

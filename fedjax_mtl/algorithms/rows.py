@@ -183,14 +183,34 @@ def chunking(d: int, target: int) -> tuple[int, int]:
   return target, d // target
 
 
-# Leaves of fewer columns than this are packed side by side (one float32 copy
-# of them, per row segment) before the Gram pass, so that the pass is a few
-# chunked loops instead of one reduction chain per leaf: the compiled program
-# of a rule over a Swin encoder otherwise grows with its ~100-200 leaves
-# (biases, norms, small tables), most of the rule's compile time. Larger
-# leaves are read in place, as before: at 65,536 the copy of Swin-T's stage 1-2
-# projections made the 1c aggregation 1.4x slower per round (BENCHMARKS.md).
+# Leaves of fewer columns than PACK_MAX_COLUMNS are packed side by side (one
+# float32 copy of them, per row segment) before the Gram pass, so that the pass
+# is a few chunked loops instead of one reduction chain per leaf: the compiled
+# program of a rule over a Swin encoder otherwise grows with its ~100-200 leaves
+# (biases, norms, small tables), most of the rule's compile time. The next
+# smallest leaves (under PACK_WIDE_COLUMNS) join them while the packed operand
+# stays within PACK_BUDGET_COLUMNS: at a small model that is nearly every leaf,
+# at Swin-T a few stage-1 tables. Larger leaves are read in place: packing every
+# leaf under 65,536 columns copied Swin-T's stage 1-2 projections and made the
+# 1c aggregation 1.4x slower per round (BENCHMARKS.md).
 PACK_MAX_COLUMNS = 4096
+PACK_WIDE_COLUMNS = 65536
+PACK_BUDGET_COLUMNS = 1 << 18
+
+
+def packed_indices(cols: list[int]) -> list[int]:
+  """The leaves (indices into `cols`, their column counts, in order) that are packed:
+  every one under `PACK_MAX_COLUMNS`, then the smallest under `PACK_WIDE_COLUMNS`
+  while the packed columns stay within `PACK_BUDGET_COLUMNS`."""
+  small = [i for i, d in enumerate(cols) if d < PACK_MAX_COLUMNS]
+  total = sum(cols[i] for i in small)
+  for i in sorted((i for i, d in enumerate(cols) if PACK_MAX_COLUMNS <= d < PACK_WIDE_COLUMNS),
+                  key=lambda i: (cols[i], i)):
+    if total + cols[i] > PACK_BUDGET_COLUMNS:
+      break
+    small.append(i)
+    total += cols[i]
+  return sorted(small)
 
 
 class Packed(NamedTuple):
@@ -201,20 +221,18 @@ class Packed(NamedTuple):
   leaves: list
 
 
-def pack_small(leaves: list[list[jax.Array]], prevs: list, probes: list,
-               max_columns: int | None = None) -> Packed:
+def pack_small(leaves: list[list[jax.Array]], prevs: list, probes: list) -> Packed:
   """The Gram operands of `row_leaves` lists `leaves`/`prevs` (entries None when
-  there is no prev) and `probes` (arrays or Nones): each leaf of `max_columns`
-  columns or more on its own (read in place), the smaller ones flattened to
-  float32 and concatenated along their columns into one operand, in leaf order
-  (`max_columns` defaults to `PACK_MAX_COLUMNS`)."""
-  max_columns = PACK_MAX_COLUMNS if max_columns is None else max_columns
+  there is no prev) and `probes` (arrays or Nones): the leaves `packed_indices`
+  chooses flattened to float32 and concatenated along their columns into one
+  operand, in leaf order; every other leaf on its own (read in place)."""
   cols = [int(np.prod(x[0].shape[1:], dtype=np.int64)) for x in leaves]
-  small = [i for i, d in enumerate(cols) if d < max_columns]
+  small = packed_indices(cols)
   if len(small) < 2:
     return Packed([(leaves[i], prevs[i], probes[i]) for i in range(len(leaves))],
                   [[i] for i in range(len(leaves))])
-  big = [i for i, d in enumerate(cols) if d >= max_columns]
+  chosen = set(small)
+  big = [i for i in range(len(leaves)) if i not in chosen]
 
   def cat(arrays):
     return jnp.concatenate([_flat(a) for a in arrays], axis=1)

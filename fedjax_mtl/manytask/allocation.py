@@ -158,12 +158,13 @@ def grouped_tasks(num_clients: int, groups: Sequence[Sequence[int]], num_tasks: 
 
 
 def split_by_label(labels: np.ndarray, num_clients: int, zeta_c: float | None, seed: int = 0,
-                   min_size: int = DEFAULT_MIN_SIZE, max_tries: int = 1000
-                   ) -> list[np.ndarray]:
+                   min_size: int = DEFAULT_MIN_SIZE, max_tries: int = 1000,
+                   fields: str = '') -> list[np.ndarray]:
   """NIID-Bench Dirichlet label split of one training set (module docstring, step 2).
 
   Returns `num_clients` disjoint int64 index arrays covering range(len(labels)).
-  `seed` may be a sequence of ints (an `np.random.default_rng` seed).
+  `seed` may be a sequence of ints (an `np.random.default_rng` seed). `fields`
+  prefixes the setting names an error advises changing (e.g. 'many.').
   """
   labels = np.asarray(labels)
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or (labels < 0).any():
@@ -175,7 +176,8 @@ def split_by_label(labels: np.ndarray, num_clients: int, zeta_c: float | None, s
   n = len(labels)
   if n < k * max(min_size, 1):
     raise ConfigError(f'a training set of {n} samples cannot give {k} clients at least '
-                      f'{max(min_size, 1)} samples each; lower min_size or use fewer clients')
+                      f'{max(min_size, 1)} samples each; lower {fields}min_size or use fewer '
+                      f'clients')
   rng = np.random.default_rng(seed)
   if _is_iid(zeta_c):
     return [part.astype(np.int64) for part in np.array_split(rng.permutation(n), k)]
@@ -199,17 +201,20 @@ def split_by_label(labels: np.ndarray, num_clients: int, zeta_c: float | None, s
     if sizes.min() >= min_size:
       return [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
   raise ConfigError(f'no Dirichlet({zeta_c}) split of {n} samples over {k} clients gave every '
-                    f'client >= {min_size} samples in {max_tries} tries; raise zeta_c, lower '
-                    f'min_size or use fewer clients per task')
+                    f'client >= {min_size} samples in {max_tries} tries; raise {fields}zeta_c, '
+                    f'lower {fields}min_size or use fewer clients per task')
 
 
 def allocate(train_labels: Sequence[np.ndarray], num_clients: int, zeta_t: float | None,
              zeta_c: float | None, seed: int = 0, min_size: int = DEFAULT_MIN_SIZE,
-             task_threshold: float = 1., assignment: np.ndarray | None = None) -> Allocation:
+             task_threshold: float = 1., assignment: np.ndarray | None = None,
+             names: Sequence[str] | None = None, fields: str = '') -> Allocation:
   """Tasks to clients (Dir(zeta_t), or the given `assignment` A [N, T]), then each
   task's training set to its clients (Dir(zeta_c)).
 
   `train_labels[t]` are task t's training labels; indices refer to that array.
+  A split that fails names its task (`names[t]`, else its index) and the settings
+  to change (`fields` prefixes their names, e.g. 'many.' for a run's config).
   """
   if len(train_labels) == 0:
     raise ConfigError('allocate needs at least one task (train_labels is empty)')
@@ -226,8 +231,11 @@ def allocate(train_labels: Sequence[np.ndarray], num_clients: int, zeta_t: float
   indices = [dict() for _ in range(a.shape[0])]
   for t, labels in enumerate(train_labels):
     holders = np.flatnonzero(a[:, t])
-    parts = split_by_label(labels, len(holders), zeta_c, [int(seed), _SPLIT_STREAM, t],
-                           min_size)
+    try:
+      parts = split_by_label(labels, len(holders), zeta_c, [int(seed), _SPLIT_STREAM, t],
+                             min_size, fields=fields)
+    except ConfigError as e:
+      raise ConfigError(f'task {names[t] if names is not None else t}: {e}') from None
     for client, part in zip(holders, parts):
       indices[client][t] = part
   return Allocation(assignment=a, indices=tuple(indices))

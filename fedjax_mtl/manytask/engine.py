@@ -44,6 +44,7 @@ from fedjax_mtl.algorithms.base import (Algorithm, ClientCtx, ServerInputs, Serv
                                         linear_outputs, role_view)
 from fedjax_mtl.local_training import batch_plan, sgd_step
 from fedjax_mtl.rounds import finite_rows
+from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask.setting import Setting
 
@@ -269,7 +270,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
                lr: float, batch_size: int, local_epochs: int, local_steps: int,
                heads: np.ndarray | None = None, origin: dict | None = None,
                task_epochs: np.ndarray | None = None, mesh: Mesh | None = None,
-               max_steps: int = 0):
+               max_steps: int = 0, max_parallel: int = 0):
   """Jitted `(state, backbone, slots [S], rows [S, max_n], images, labels) -> (state,
   outputs)`.
 
@@ -284,6 +285,9 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   task's pairs (NTKFedAvg's "local work", spec §4), in place of `local_epochs`;
   every slot runs the largest task's epochs, the ones beyond its own masked.
   `max_steps` > 0: every slot stops after that many steps (`max_steps_per_round`).
+  `max_parallel` = k > 0 (`max_parallel_clients`): the slots train k at a time
+  (`jax.lax.map` over batches of k), so the round's peak memory is that of k slots'
+  training, not of all of them (one device only).
   `mesh`: on more than one device, the slots are spread over its `clients` axis
   (local training of each slot on its device; the aggregation's sums over slots
   become all-reduces) and the state stays replicated. The program is
@@ -297,15 +301,27 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   if spread:
     by_slot = NamedSharding(mesh, P('clients'))
     rep = NamedSharding(mesh, P())
+  if max_parallel and spread:
+    raise ConfigError(f'max_parallel_clients={max_parallel} trains the many-task slots in '
+                      f'batches on one device; with {mesh.size} devices set it to 0')
+  batched = 0 < max_parallel < setting.num_slots
+
+  def train_slots(start, backbone, slots, rows, keys, images, labels):
+    if not batched:
+      return jax.vmap(parts.train, in_axes=(parts.axes, None, 0, 0, 0, None, None))(
+          start, backbone, slots, rows, keys, images, labels)
+    per_slot = {k: v for k, v in start.items() if parts.axes[k] is not None}
+    common = {k: v for k, v in start.items() if parts.axes[k] is None}
+    one = lambda xs: parts.train({**common, **xs[0]}, backbone, *xs[1:], images, labels)
+    return jax.lax.map(one, (per_slot, slots, rows, keys), batch_size=max_parallel)
 
   def round_fn(state: ManyState, backbone, slots, rows, images, labels):
     if spread:  # every slot-batched value follows: training runs where its slot is
       slots, rows = (jax.lax.with_sharding_constraint(x, by_slot) for x in (slots, rows))
     start = parts.start(state, slots)
     keys = parts.keys(state, slots)
-    trained, uploads, loss, steps = jax.vmap(
-        parts.train, in_axes=(parts.axes, None, 0, 0, 0, None, None))(
-            start, backbone, slots, rows, keys, images, labels)
+    trained, uploads, loss, steps = train_slots(start, backbone, slots, rows, keys, images,
+                                                labels)
     return parts.aggregate(state, slots, start, trained, uploads, loss, steps)
 
   if spread:

@@ -193,7 +193,8 @@ def build_run(config) -> Run:
                   heads=heads, origin=trainable,
                   task_epochs=setting_lib.task_epochs(cfg, setting.tasks),
                   max_steps=int(config.get('max_steps_per_round', 0)))
-  round_fn = engine.make_round(*round_args, mesh=mesh, **round_kw)
+  round_fn = engine.make_round(*round_args, mesh=mesh, **round_kw,
+                               max_parallel=int(config.get('max_parallel_clients', 0)))
   test_counts = np.array([len(lab) for _, lab in data.test])
   eval_fn = engine.make_eval(setting, model, test_counts, int(config.eval_batch_size), heads)
   linear = alg.client.forward is linearized_forward  # evaluation B of the linearised model

@@ -38,6 +38,9 @@ CONFIG = fields.Block('many', {
                            'client)', fields.at_least(0)),
     'zeta_c': fields.Field(0.1, 'many_task: Dirichlet class concentration ζ_c',
                            fields.above(0)),
+    'min_size': fields.Field(10, "many_task: fewest training examples of a task a client may "
+                             "get in the Dirichlet class split (redrawn until it holds; "
+                             "NIID-Bench's 10)", fields.at_least(0)),
     'class_split': fields.Field('dirichlet', "many_task: split of each task's classes over its "
                                 "clients: dirichlet (ζ_c) or iid (NIID-Bench's \"homo\": equal "
                                 'random parts)', choices=CLASS_SPLITS),
@@ -228,7 +231,9 @@ def build_setting(tasks: tuple[str, ...], data: TaskData, cfg, num_rounds: int,
   check_choice('many.class_split', cfg.class_split, CLASS_SPLITS)
   zeta_c = None if cfg.class_split == 'iid' else float(cfg.zeta_c)
   alloc = allocation.allocate([lab for _, lab in data.train], int(cfg.num_clients), zeta_t,
-                             zeta_c, seed, assignment=task_assignment(cfg, tasks, seed))
+                             zeta_c, seed, min_size=int(cfg.min_size),
+                             assignment=task_assignment(cfg, tasks, seed), names=tasks,
+                             fields='many.')
   pairs = np.array([(c, t) for c in range(alloc.num_clients) for t in alloc.tasks_of(c)],
                    np.int32).reshape(-1, 2)
   offsets = np.concatenate([[0], np.cumsum([len(lab) for _, lab in data.train])])
