@@ -337,7 +337,9 @@ class InitProgram:
       return _with_server(exp, _client_states(exp, pb), rnd, rng)
 
     shapes = jax.eval_shape(states, pb, rnd, rng)
-    self._shapes = (pb, rnd, rng), shapes  # of `params` and of the round-0 state
+    # Shapes do not depend on the seed's value: traced once, here.
+    self.param_shapes = (pb, rnd, rng)  # of `params(seed)`
+    self.state_shapes = shapes  # of the round-0 state
     self.states = jax.jit(states, out_shardings=_state_shardings(exp, shapes),
                           compiler_options=once)
     on = lambda t, sh: jax.tree.map(
@@ -346,17 +348,6 @@ class InitProgram:
 
   def __call__(self, seed, enc=None) -> FedState:
     return self.states(*self.params(seed), enc)
-
-  def abstract(self, seed) -> FedState:
-    """The round-0 state's shapes (traced once, when the program was built: they do
-    not depend on the seed's value)."""
-    del seed
-    return self._shapes[1]
-
-  def abstract_params(self, seed):
-    """The shapes of `params(seed)`."""
-    del seed
-    return self._shapes[0]
 
   def jobs(self, seed) -> list[tuple[str, Any, tuple]]:
     """`compile_programs` jobs of both programs (the states program for a run that
@@ -379,20 +370,19 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   `model.pretrained_path` when set); decoders and heads are initialised per
   client from keys folded with the client id.
   """
-  key = jnp.asarray(exp.config.seed, jnp.uint32)
   program = exp.init_program
   pretrained = exp.config.model.get('pretrained_path')
   if abstract:
-    state = program.abstract(key)
+    state = program.state_shapes
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         state, _state_shardings(exp, state))
   enc = None
   if pretrained:
-    params, stats = program.abstract_params(key)[0][0]
+    params, stats = program.param_shapes[0][0]
     like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), like)
     enc = load_pretrained_encoder(pretrained, exp.encoder, one)  # one client's shapes
-  return program(key, enc)
+  return program(jnp.asarray(exp.config.seed, jnp.uint32), enc)
 
 
 def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
