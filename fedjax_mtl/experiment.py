@@ -38,7 +38,8 @@ DATA_SOURCES = ('synthetic', 'real')
 # XLA:CPU's `cse_barrier_expander` pass drops the optimisation barriers that
 # `jax.checkpoint` places around the recomputed forward, and CSE then merges the
 # recomputation back into the forward pass: remat would change nothing.
-# Compiling with this option keeps it. GPU and TPU keep the barriers on their own.
+# Compiling with this option keeps it (and the barrier `local_training.map_clients`
+# needs). GPU and TPU keep the barriers on their own.
 KEEP_REMAT_ON_CPU = {'xla_disable_hlo_passes': 'cse_barrier_expander'}
 
 
@@ -229,9 +230,12 @@ def remat(config) -> bool:
 
 
 def train_compiler_options(config) -> dict[str, str] | None:
-  """XLA options for the jitted training programs: `KEEP_REMAT_ON_CPU` when the
-  encoder rematerialises on the CPU backend, else None."""
-  if remat(config) and jax.default_backend() == 'cpu':
+  """XLA options for the jitted training programs: `KEEP_REMAT_ON_CPU` on the CPU
+  backend when the encoder rematerialises or when `max_parallel_clients` loops over
+  the clients (`local_training.map_clients`: its optimisation barrier is what lets
+  the loop update the group's state in place), else None."""
+  loops = int(config.get('max_parallel_clients', 0) or 0) > 0
+  if (remat(config) or loops) and jax.default_backend() == 'cpu':
     return dict(KEEP_REMAT_ON_CPU)
   return None
 

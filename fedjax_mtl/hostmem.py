@@ -115,3 +115,26 @@ def reuse_freed_memory() -> bool:
   jax.config.update('jax_cpu_enable_async_dispatch', False)
   _applied = True
   return True
+
+
+def host_memory_bytes() -> int:
+  """This host's physical memory."""
+  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+def release_freed_memory() -> bool:
+  """Return the free pages of glibc's heaps to the system now (`malloc_trim(0)`),
+  whatever `reuse_freed_memory` set; True where it ran (glibc only).
+
+  For a process that ends one large computation and starts another (a rehearsal's
+  fresh run, then its resumed run): the first one's freed buffers would otherwise
+  stay resident, and the second's allocations need not fit in their holes."""
+  if not sys.platform.startswith('linux'):
+    return False
+  try:
+    libc = ctypes.CDLL('libc.so.6')
+    libc.gnu_get_libc_version  # glibc only
+  except (OSError, AttributeError):
+    return False
+  libc.malloc_trim(0)
+  return True

@@ -12,11 +12,12 @@ programs on them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Iterator
 
 import numpy as np
 
-from fedjax_mtl import distributed, evaluation
+from fedjax_mtl import distributed, evaluation, hostmem
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.data import real
 from fedjax_mtl.errors import check_choice
@@ -61,15 +62,36 @@ class StreamedSource:
 
   streamed = True
 
-  def __init__(self, exp: Experiment, start_round: int = 0):
+  def __init__(self, exp: Experiment, start_round: int = 0, config=None):
+    # `config`: the run's (its data.workers / threads / feed_memory_gib may differ from
+    # those of the config the shared experiment was built with: workdir.RESUMABLE_FIELDS).
+    config = exp.config if config is None else config
     self.exp = exp
-    self.threads = int(exp.config.data.get('threads', 2))
-    self.workers = int(exp.config.data.get('workers', 0))
+    self.threads = int(config.data.get('threads', 2))
+    self.workers = int(config.data.get('workers', 0))
     self.train_chunks, self.eval_batches = streamed_sources(exp)
     if augment_mode(exp) == 'device':
       self.train_chunks = device_chunks(exp)
+    self.workers = self.capped_workers(float(config.data.get('feed_memory_gib', 0.)))
     self._start = start_round
     self._iter = None
+
+  def capped_workers(self, budget_gib: float) -> int:
+    """`data.workers`, fewer where their prefetched chunks would hold more than
+    `budget_gib` (0: a quarter of the host's memory), with a log line saying so
+    (`real.feed_workers`). The 4c paper layout's PASCAL chunk of 20 clients is 0.8 GB:
+    8 workers filled 13 GB of shared memory on a 24 GB host."""
+    budget = (int(budget_gib * 2**30) if budget_gib > 0
+              else hostmem.host_memory_bytes() // 4)
+    element = self.train_chunks.element_bytes()
+    workers = real.feed_workers(self.workers, element, budget)
+    if workers < self.workers:
+      logging.warning('feed: %d workers would hold up to %.1f GiB of prefetched chunks '
+                      '(%.2f GiB each); using %d to stay within %.1f GiB '
+                      '(data.feed_memory_gib)', self.workers,
+                      real.ELEMENTS_PER_WORKER * element * self.workers / 2**30,
+                      element / 2**30, workers, budget / 2**30)
+    return workers
 
   @property
   def rows(self) -> list:
@@ -108,9 +130,11 @@ class StreamedSource:
       self._iter.close()  # stops grain workers
 
 
-def make_source(exp: Experiment, start_round: int = 0) -> InMemorySource | StreamedSource:
-  """The data source of the experiment's `data.source` (opened: a missing cache fails here)."""
-  return StreamedSource(exp, start_round) if exp.streamed else InMemorySource(exp)
+def make_source(exp: Experiment, start_round: int = 0,
+                config=None) -> InMemorySource | StreamedSource:
+  """The data source of the experiment's `data.source` (opened: a missing cache fails
+  here); `config`: the run's, for its host-side feed fields (default `exp.config`)."""
+  return StreamedSource(exp, start_round, config) if exp.streamed else InMemorySource(exp)
 
 
 def augment_mode(exp: Experiment) -> str:

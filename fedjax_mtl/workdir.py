@@ -43,7 +43,8 @@ LOCK_FILE = '.lock'
 # between a run and its resumption (dotted names are nested fields).
 RESUMABLE_FIELDS = ('eval_every', 'checkpoint_every', 'progress', 'tensorboard', 'eval_edge_ods',
                     'eval_ods_workers', 'delta_m_reference', 'data.workers', 'data.threads',
-                    'data.data_dir', 'data.cache_dir', 'distributed', 'spare_blocks')
+                    'data.feed_memory_gib', 'data.data_dir', 'data.cache_dir', 'distributed',
+                    'spare_blocks')
 
 
 def run_fields(config, keep: tuple[str, ...] = ()) -> dict:

@@ -26,7 +26,8 @@ capped at `--steps` local steps per round (`max_steps_per_round`):
    scaled up when the data are a `--fraction` copy).
 
 Extra `--config.<field>=<value>` flags are passed to the run (e.g.
-`--config.model.dtype=bfloat16 --config.model.remat=True` on a GPU). Bad input (no
+`--config.model.dtype=bfloat16 --config.model.remat=True` on a GPU), and so is the main
+job's `--noreuse_host_memory` (freed host memory returned to the system). Bad input (no
 data dir, a config that does not load, an incomplete cache) stops with one `error:`
 line before anything is written.
 """
@@ -50,6 +51,10 @@ sys.path.insert(0, ROOT)
 FULL_SIZES = {'pascal': (4998, 5105), 'nyud': (795, 654)}
 
 
+# The main job's flags a rehearsal passes on as they are.
+MAIN_FLAGS = ('--reuse_host_memory', '--noreuse_host_memory')
+
+
 def fail(message: str) -> None:
   print('error: ' + ' '.join(str(message).split()), file=sys.stderr)
   sys.exit(2)
@@ -69,10 +74,11 @@ def parse(argv):
                  help='SIGTERM the fresh run this long after it has compiled (default: at once)')
   p.add_argument('--no_feed', action='store_true', help='skip the feed measurement')
   a, rest = p.parse_known_args(argv)
-  bad = [r for r in rest if not r.startswith('--config.')]
+  bad = [r for r in rest if not r.startswith('--config.') and r not in MAIN_FLAGS]
   if bad:
     fail(f'unknown argument {bad[0]!r}; valid: --config, --data_dir, --out, --steps, --rounds, '
-         '--workers, --kill_after_s, --no_feed and --config.<field>=<value> overrides')
+         '--workers, --kill_after_s, --no_feed, --config.<field>=<value> overrides and the '
+         'main job\'s ' + ', '.join(MAIN_FLAGS))
   if a.rounds < 3:
     fail(f'--rounds={a.rounds}: the rehearsal needs 3 (a killed round, a steady one, the last)')
   if a.steps < 1:
@@ -241,24 +247,27 @@ def fresh_run(a, config, workdir: str) -> dict:
   t0 = time.perf_counter()
   watcher = threading.Thread(target=kill_once_compiled, daemon=True)
   watcher.start()
-  stopped = None
+  stopped, stop_line = None, ''
   try:
     validate.check_run(config, workdir)
     with workdir_lib.primary_lock(workdir):
       workdir_lib.check_config(config, workdir)
       train.run(engines.build(config), workdir)
   except preempt.Stopped as e:
-    stopped = e
+    # Only the round: the exception's traceback holds the run's frames, and with them
+    # its whole federation state (8 GB for hca2 4c) while the resumed run restores it.
+    stopped, stop_line = e.round, str(e)
   finally:
     done.set()
     jax.config.update('jax_log_compiles', False)
     logging.getLogger('jax').removeHandler(compiles)
-  if stopped is None or stopped.round != 1:
-    fail(f'the fresh run was not stopped after round 1 by SIGTERM ({stopped}); raise --rounds '
+  if stopped != 1:
+    fail(f'the fresh run was not stopped after round 1 by SIGTERM (stopped after round '
+         f'{stopped}); raise --rounds '
          'or lower --kill_after_s')
   rows = [json.loads(line) for line in open(timing)]
   return {'wall_s': time.perf_counter() - t0, 'sigterm_at_s': signalled[0],
-          'stopped': str(stopped), 'compile_s': rows[0]['compile_s'], 'rounds': rows[1:],
+          'stopped': stop_line, 'compile_s': rows[0]['compile_s'], 'rounds': rows[1:],
           'xla_compiles': [c for c in compiles.compiles if c[1] >= 0.5]}
 
 
@@ -461,6 +470,10 @@ def main(argv=None) -> int:
   print('rehearse: fresh run (SIGTERM once compiled)', flush=True)
   fresh = fresh_run(a, config, workdir)
   figures['fresh'] = fresh
+  import gc
+  from fedjax_mtl import hostmem
+  gc.collect()
+  hostmem.release_freed_memory()  # the fresh run's freed buffers (8 GB of state for hca2 4c)
   print(f'rehearse: resumed run, rounds 2..{a.rounds}', flush=True)
   t0 = time.perf_counter()
   resumed, calls, engine = resumed_run(config, workdir)

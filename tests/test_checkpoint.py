@@ -217,3 +217,22 @@ def test_orbax_abandoned_reads_print_nothing_other_coroutines_still_do(monkeypat
   assert seen == []
   abandoned('something_else')
   assert seen == ['something_else']
+
+
+def test_a_state_large_for_the_host_is_written_before_save_returns(tmp_path, monkeypatch):
+  from fedjax_mtl import hostmem
+  state = tiny_state(1)
+  nbytes = sum(x.nbytes for x in jax.tree.leaves(state))
+  assert not checkpoint.waits_for_write(state)  # a few kB of this host's memory
+  monkeypatch.setattr(hostmem, 'host_memory_bytes', lambda: 4 * nbytes)
+  assert checkpoint.waits_for_write(state)  # more than an eighth of it
+  ckpt = Checkpointer(str(tmp_path / 'ck'))
+  waits = []
+  real_wait = ckpt._mngr.wait_until_finished
+  monkeypatch.setattr(ckpt._mngr, 'wait_until_finished', lambda: waits.append(1) or real_wait())
+  ckpt.save(1, state)
+  assert waits  # the write finished within save
+  step, back = ckpt.restore_latest(abstract_of(state))
+  assert step == 1
+  assert_bitwise_equal(back, state)
+  ckpt.close()

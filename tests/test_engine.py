@@ -18,6 +18,7 @@ from conftest import tiny_config
 import agreement
 from fedjax_mtl import experiment, federation, local_training, rounds, sources, train
 from fedjax_mtl.engines.dense import DenseEngine
+from fedjax_mtl.engines.dense import zero_accs as dense_zero_accs
 from fedjax_mtl.report import read_jsonl
 
 
@@ -158,6 +159,37 @@ def test_group_trainer_freezes_padding_steps_and_padding_clients():
     temp[k] = compiled.memory_analysis().temp_size_in_bytes
   group_bytes = sum(x.nbytes for x in jax.tree.leaves(state.groups[g]))
   assert 2 * temp[1] - temp[2] < group_bytes, (temp, group_bytes)
+
+
+def test_client_loop_keeps_one_copy_of_the_adamw_moments():
+  """The streamed chunk trainer at one step per chunk, looping over the clients
+  (`max_parallel_clients`): the update of each client's AdamW moments is written
+  into the donated group state, with no copy of the group's moments in XLA's
+  temporaries (without `map_clients`' barrier and its compile option XLA fused the
+  moments' update into both in-place writes and copied every moment: 4.4 GB for
+  the 4c PASCAL group of 20 Swin-T clients). Intercept of temp(k) = a + k b."""
+  cfg = tiny_config('hca2', max_parallel_clients=1)
+  assert cfg.optim.name == 'adamw'
+  exp = experiment.build(cfg)
+  state = experiment.init_state(exp, abstract=True)
+  g = 0
+  spec, gs = exp.fed.groups[g], state.groups[g]
+  n, arrays = spec.num_total, exp.data[spec.dataset]['train']
+  idx = np.zeros((n, 1, cfg.batch_size), np.int32)
+  chunk = {'x': {k: arrays[k][idx] for k in ('image',) + spec.tasks_used},
+           'mask': np.ones((n, 1), bool), 'epoch': np.zeros((1,), np.int32),
+           'step': np.zeros((1,), np.int32)}
+  acc = dense_zero_accs(spec, n)
+  temp = {}
+  for k in (1, 2):
+    tr = jax.jit(local_training.make_chunk_trainer(
+        spec, exp.models_train[g], exp.tx, cfg.optim, cfg.num_rounds, exp.algorithm,
+        exp.labels[g], max_parallel=k), donate_argnums=(0, 2),
+        compiler_options=experiment.train_compiler_options(cfg))
+    compiled = tr.lower(gs, gs.params, acc, chunk, jax.random.PRNGKey(0), jnp.int32(1)).compile()
+    temp[k] = compiled.memory_analysis().temp_size_in_bytes
+  moments = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(gs.opt_state))
+  assert 2 * temp[1] - temp[2] < moments / 4, (temp, moments)
 
 
 def test_model_remat_reaches_the_encoder_and_survives_compilation():

@@ -123,3 +123,8 @@ def test_blocks_above_two_gib_stay_mapped():
   pages = ((2**31) + (2**28)) // 4096
   assert res['faults'][0] > pages // 2, res  # first use: mapped afresh
   assert res['faults'][1] < pages // 100, res  # reused: no trim in between
+
+
+def test_release_freed_memory_runs_on_glibc():
+  assert hostmem.release_freed_memory() == (hostmem._mallopt() is not None)
+  assert hostmem.host_memory_bytes() > 2**28

@@ -24,6 +24,9 @@ CONFIG = fields.Block('data', {
     'workers': Field(0, 'real data: grain worker processes for augmentation (0 = threads '
                      'in this process)', at_least(0)),
     'threads': Field(2, 'real data: grain reader threads when workers = 0', at_least(0)),
+    'feed_memory_gib': Field(0., 'real data: host memory the workers\' prefetched chunks may '
+                             'hold, GiB (0 = a quarter of the host\'s); fewer workers when '
+                             'the chunks would not fit', at_least(0.)),
     # 'host': grain workers, 40-50 images/s per core at 512x512; 'device': the host only
     # decodes and batches, data/device_augment.py applies the same transforms.
     'augment': Field('host', 'real data: where training samples are augmented, host '

@@ -236,6 +236,18 @@ class TrainChunks:
   def __len__(self) -> int:
     return len(self.table)
 
+  def element_bytes(self) -> int:
+    """Bytes of the largest element (its groups' canvases): what one prefetched chunk
+    holds in shared memory."""
+    out = 0
+    for spec, rows in zip(self.specs, self.rows):
+      lead = (rows.stop - rows.start) * spec.chunk_steps * spec.batch_size
+      fields = (_raw_fields(spec.keys, self.raw_size_of[spec.dataset])
+                if self.augment == 'device' else _fields(spec.keys, self.size_of[spec.dataset]))
+      out = max(out, sum(lead * int(np.prod(shape)) * np.dtype(dtype).itemsize
+                         for shape, dtype, _ in fields.values()))
+    return out
+
   def offset(self, rnd: int) -> int:
     """Index of the first element of 0-based round `rnd`."""
     return rnd * self.per_round
@@ -307,6 +319,21 @@ class EvalBatches:
     for b, p in enumerate(range(lo, min(lo + self.batch_size, len(self.source)))):
       place(out, (b,), T.apply_transforms(self.source[p], self.transforms))
     return out
+
+
+# Elements a grain worker holds at once: its output buffer (`iterate`'s prefetch, 2)
+# and the one it is writing.
+ELEMENTS_PER_WORKER = 3
+
+
+def feed_workers(workers: int, element_bytes: int, budget_bytes: int) -> int:
+  """Grain worker processes for a feed whose elements take `element_bytes`: `workers`,
+  or fewer (at least 1) so that the elements they hold at once
+  (`ELEMENTS_PER_WORKER` each) stay within `budget_bytes`; 0 stays 0 (threads)."""
+  if workers <= 0:
+    return 0
+  fit = budget_bytes // max(1, ELEMENTS_PER_WORKER * element_bytes)
+  return int(max(1, min(workers, fit)))
 
 
 def iterate(source: Any, start: int = 0, workers: int = 0, threads: int = 2,

@@ -207,7 +207,7 @@ class DenseEngine:
   def open(self, start: int) -> None:
     """Open the data source for rounds after `start` (a missing cache fails here)."""
     self.close()
-    self.source = sources.make_source(self.exp, start)
+    self.source = sources.make_source(self.exp, start, self.config)
 
   def close(self) -> None:
     """Release the data source's workers and threads, and the odsF worker processes."""
