@@ -47,16 +47,22 @@ _ACCELERATOR_MODULES = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_rocm7_plu
                         'jax_rocm60_plugin', 'libtpu')
 
 
-def _mallopt():
-  """glibc's `mallopt`, or None where the C library is not glibc (macOS, musl, Windows)."""
+def _glibc():
+  """The C library when it is glibc, else None (macOS, musl, Windows)."""
   if not sys.platform.startswith('linux'):
     return None
   try:
     libc = ctypes.CDLL('libc.so.6')
     libc.gnu_get_libc_version  # glibc only
-    return libc.mallopt
+    return libc
   except (OSError, AttributeError):
     return None
+
+
+def _mallopt():
+  """glibc's `mallopt`, or None where the C library is not glibc."""
+  libc = _glibc()
+  return None if libc is None else libc.mallopt
 
 
 def backends_initialised() -> bool:
@@ -129,12 +135,8 @@ def release_freed_memory() -> bool:
   For a process that ends one large computation and starts another (a rehearsal's
   fresh run, then its resumed run): the first one's freed buffers would otherwise
   stay resident, and the second's allocations need not fit in their holes."""
-  if not sys.platform.startswith('linux'):
-    return False
-  try:
-    libc = ctypes.CDLL('libc.so.6')
-    libc.gnu_get_libc_version  # glibc only
-  except (OSError, AttributeError):
+  libc = _glibc()
+  if libc is None:
     return False
   libc.malloc_trim(0)
   return True

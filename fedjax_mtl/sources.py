@@ -68,28 +68,28 @@ class StreamedSource:
     config = exp.config if config is None else config
     self.exp = exp
     self.threads = int(config.data.get('threads', 2))
-    self.workers = int(config.data.get('workers', 0))
     self.train_chunks, self.eval_batches = streamed_sources(exp)
     if augment_mode(exp) == 'device':
       self.train_chunks = device_chunks(exp)
-    self.workers = self.capped_workers(float(config.data.get('feed_memory_gib', 0.)))
+    self.workers = self.capped_workers(int(config.data.get('workers', 0)),
+                                       float(config.data.get('feed_memory_gib', 0.)))
     self._start = start_round
     self._iter = None
 
-  def capped_workers(self, budget_gib: float) -> int:
-    """`data.workers`, fewer where their prefetched chunks would hold more than
-    `budget_gib` (0: a quarter of the host's memory), with a log line saying so
-    (`real.feed_workers`). The 4c paper layout's PASCAL chunk of 20 clients is 0.8 GB:
-    8 workers filled 13 GB of shared memory on a 24 GB host."""
+  def capped_workers(self, requested: int, budget_gib: float) -> int:
+    """`requested` workers (`data.workers`), fewer where their prefetched chunks would
+    hold more than `budget_gib` (0: a quarter of the host's memory), with a log line
+    saying so (`real.feed_workers`). The 4c paper layout's PASCAL chunk of 20 clients
+    is 0.74 GiB: 8 workers filled 13 GB of shared memory on a 24 GB host."""
     budget = (int(budget_gib * 2**30) if budget_gib > 0
               else hostmem.host_memory_bytes() // 4)
     element = self.train_chunks.element_bytes()
-    workers = real.feed_workers(self.workers, element, budget)
-    if workers < self.workers:
+    workers = real.feed_workers(requested, element, budget)
+    if workers < requested:
       logging.warning('feed: %d workers would hold up to %.1f GiB of prefetched chunks '
                       '(%.2f GiB each); using %d to stay within %.1f GiB '
-                      '(data.feed_memory_gib)', self.workers,
-                      real.ELEMENTS_PER_WORKER * element * self.workers / 2**30,
+                      '(data.feed_memory_gib)', requested,
+                      real.ELEMENTS_PER_WORKER * element * requested / 2**30,
                       element / 2**30, workers, budget / 2**30)
     return workers
 

@@ -189,15 +189,14 @@ def test_feed_workers_fit_their_prefetched_chunks_in_the_memory_budget(data_dir,
   sizes = [sum(v.nbytes for k, v in chunks[i].items() if k.startswith('x/'))
            for i in range(chunks.per_round)]
   assert chunks.element_bytes() == max(sizes)
-  source.workers = 4  # data.workers
-  assert source.capped_workers(0.) == 4  # a quarter of this host's memory holds them
+  assert source.capped_workers(4, 0.) == 4  # a quarter of this host's memory holds them
   e = chunks.element_bytes()
   assert real.feed_workers(8, e, 3 * e * 5) == 5
   assert real.feed_workers(8, e, 3 * e * 5 - 1) == 4
   assert real.feed_workers(8, e, 1) == 1  # at least one worker
   assert real.feed_workers(0, e, 1) == 0  # threads stay threads
   with caplog.at_level('WARNING'):
-    assert source.capped_workers(3 * 2 * e / 2**30) == 2
+    assert source.capped_workers(4, 3 * 2 * e / 2**30) == 2
   assert 'feed: 4 workers would hold' in caplog.text and 'using 2' in caplog.text
 
 def test_device_normalisation_equals_reference_normalise_then_pad():

@@ -321,9 +321,10 @@ class EvalBatches:
     return out
 
 
-# Elements a grain worker holds at once: its output buffer (`iterate`'s prefetch, 2)
-# and the one it is writing.
-ELEMENTS_PER_WORKER = 3
+# Elements a worker buffers (`iterate`'s default prefetch, grain's per-worker buffer).
+PREFETCH = 2
+# Elements a grain worker holds at once: its output buffer and the one it is writing.
+ELEMENTS_PER_WORKER = PREFETCH + 1
 
 
 def feed_workers(workers: int, element_bytes: int, budget_bytes: int) -> int:
@@ -337,7 +338,7 @@ def feed_workers(workers: int, element_bytes: int, budget_bytes: int) -> int:
 
 
 def iterate(source: Any, start: int = 0, workers: int = 0, threads: int = 2,
-            prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+            prefetch: int = PREFETCH) -> Iterator[dict[str, np.ndarray]]:
   """Elements of `source` from `start` on, in order (grain threads or processes)."""
   ds = grain.MapDataset.source(source)[start:]
   return pipeline.iterate_dataset(ds, workers, threads, prefetch)
