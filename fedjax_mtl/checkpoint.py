@@ -25,21 +25,39 @@ UNREADABLE = '.unreadable'
 _ORBAX_READ = '_read_array_index_and_device_put'
 
 
-# A CPU run's state above this share of the host's memory is saved synchronously: the
-# background write's host copy (8 GB for the 4c paper layout's 24 Swin-T clients and
-# their AdamW moments) would otherwise live on into the next round beside the round's
-# own copies, past what a 24 GB host holds.
+# A state above this share of the host's memory is saved synchronously through bounded
+# host buffers: orbax's default copies the whole state to the host before `save`
+# returns and writes it in the background into the next round (8 GB for the 4c paper
+# layout's 24 Swin-T clients and their AdamW moments), past what a 24 GB host holds
+# beside the round's own buffers.
 SYNC_SAVE_SHARE = 1 / 8
 
 
+def _nbytes(x) -> int:
+  return int(x.size) * x.dtype.itemsize if hasattr(x, 'dtype') else 0
+
+
 def waits_for_write(state) -> bool:
-  """Whether `Checkpointer.save` waits for the write: on the CPU backend, when the
-  state's bytes exceed `SYNC_SAVE_SHARE` of the host's memory."""
-  if jax.default_backend() != 'cpu':
-    return False
+  """Whether `Checkpointer.save` waits for the write: when the state's bytes exceed
+  `SYNC_SAVE_SHARE` of the host's memory (on any backend: a device state is copied to
+  the host to be written)."""
   from fedjax_mtl import hostmem
-  nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state) if hasattr(x, 'dtype'))
+  nbytes = sum(_nbytes(x) for x in jax.tree.leaves(state))
   return nbytes > SYNC_SAVE_SHARE * hostmem.host_memory_bytes()
+
+
+def host_buffer_gb(state) -> int | None:
+  """The GB of host buffers a save or restore of `state` holds at once (orbax's
+  `save_concurrent_gb` / `restore_concurrent_gb`): orbax's default (None: every array
+  at once) unless the state is saved synchronously (`waits_for_write`); then
+  `SYNC_SAVE_SHARE` of the host's memory, and more than twice the largest array (orbax
+  reserves an array's bytes whole)."""
+  if state is None or not waits_for_write(state):
+    return None
+  from fedjax_mtl import hostmem
+  largest = max((_nbytes(x) for x in jax.tree.leaves(state)), default=0)
+  bound = max(SYNC_SAVE_SHARE * hostmem.host_memory_bytes(), 2 * largest + 1)
+  return max(1, -(-int(bound) // 10**9))  # orbax counts 10**9 bytes a GB
 
 
 class Checkpointer:
@@ -47,14 +65,22 @@ class Checkpointer:
 
   # Two steps: orbax deletes the older one only after the newer one is committed, so
   # whenever the newest step turns out unreadable an older step is still on disk.
-  def __init__(self, directory: str, max_to_keep: int = 2):
+  def __init__(self, directory: str, max_to_keep: int = 2, like: PyTree = None):
+    """`like`: the state (or its abstract shapes) this checkpointer saves and restores;
+    a state that is a large share of the host's memory is then written and read
+    through bounded host buffers (`host_buffer_gb`)."""
     if max_to_keep < 2:
       raise ConfigError(f'max_to_keep must be >= 2 (an older step to fall back to), '
                         f'got {max_to_keep}')
     self.directory = os.path.abspath(directory)
+    self.buffer_gb = host_buffer_gb(like)
+    handler = (ocp.StandardCheckpointHandler(save_concurrent_gb=self.buffer_gb,
+                                             restore_concurrent_gb=self.buffer_gb)
+               if self.buffer_gb else None)
     self._mngr = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        item_handlers=handler)
 
   @staticmethod
   def latest_in(directory: str) -> int | None:
@@ -95,10 +121,11 @@ class Checkpointer:
   def save(self, rounds_done: int, state: FedState) -> None:
     """Save `state`: host copies are made before this returns and written in the
     background, unless the state is a large share of the host's memory
-    (`waits_for_write`): then the write finishes first, so that its copy is gone
-    before the next round allocates."""
+    (`waits_for_write`): then the write finishes first, so that its buffers are gone
+    before the next round allocates (and a bounded save, `like`, never reads arrays a
+    later step has donated)."""
     self._mngr.save(rounds_done, args=ocp.args.StandardSave(to_dict(state)))
-    if waits_for_write(state):
+    if self.buffer_gb or waits_for_write(state):
       self._mngr.wait_until_finished()
 
   def restore_latest(self, abstract_state: FedState) -> tuple[int, FedState]:

@@ -45,13 +45,16 @@ def evaluate_checkpoint(workdir: str, round_: int = 0, split: str = 'test',
     config.eval_edge_ods = 'every' if isinstance(config.eval_edge_ods, str) else True
   config.progress = False
   engine = engines.build(config)
-  ckpt = Checkpointer(ckdir)
+  ckpt = None
   try:
     engine.open(rnd)
-    state = ckpt.restore(rnd, engine.abstract_state())
+    abstract = engine.abstract_state()
+    ckpt = Checkpointer(ckdir, like=abstract)
+    state = ckpt.restore(rnd, abstract)
     rows = engine.evaluate(state, rnd)
   finally:
-    ckpt.close()
+    if ckpt is not None:
+      ckpt.close()
     engine.close()
   history = [r for r in report.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
              if r.get('round', 0) <= rnd and r.get('type') not in ('eval', 'eval_linear')]

@@ -60,12 +60,12 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
   total = int(config.num_rounds)
   eval_rounds = every_and_last(total, int(config.eval_every))
   ckpt_rounds = every_and_last(total, int(config.checkpoint_every))
-  ckpt = Checkpointer(wd.checkpoint_dir) if start else None
-  state = None
+  ckpt, state = None, None
   try:
     engine.open(start)  # every data source opens before anything is written
     if start:  # restored before compiling: a checkpoint of another model fails in seconds
       abstract = engine.abstract_state()
+      ckpt = Checkpointer(wd.checkpoint_dir, like=abstract)
       restored, state = ckpt.restore_latest(abstract)  # newer unreadable steps are set aside
       if restored != start:  # a streamed source must start from the restored round
         start = restored
@@ -87,7 +87,7 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
     if ckpt is not None:
       ckpt.close()
     raise
-  ckpt = ckpt or Checkpointer(wd.checkpoint_dir)
+  ckpt = ckpt or Checkpointer(wd.checkpoint_dir, like=state)
   eval_rows, diverged, stopped = [], None, None
   try:
     wd.begin(config, start, compile_s, engine.meta_rows())  # the first write

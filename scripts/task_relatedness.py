@@ -242,7 +242,7 @@ def load_run(workdir: str):
   run = run_lib.build_run(config)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                           run_lib.init_state(run))
-  ckpt = Checkpointer(ckpt_dir)
+  ckpt = Checkpointer(ckpt_dir, like=abstract)
   try:
     step, state = ckpt.restore_latest(abstract)
   finally:

@@ -226,13 +226,43 @@ def test_a_state_large_for_the_host_is_written_before_save_returns(tmp_path, mon
   assert not checkpoint.waits_for_write(state)  # a few kB of this host's memory
   monkeypatch.setattr(hostmem, 'host_memory_bytes', lambda: 4 * nbytes)
   assert checkpoint.waits_for_write(state)  # more than an eighth of it
-  ckpt = Checkpointer(str(tmp_path / 'ck'))
+  assert checkpoint.host_buffer_gb(state) == 1  # bounded buffers, orbax's smallest bound
+  assert checkpoint.host_buffer_gb(abstract_of(state)) == 1  # sized from shapes alone
+  ckpt = Checkpointer(str(tmp_path / 'ck'), like=abstract_of(state))
+  assert ckpt.buffer_gb == 1
   waits = []
   real_wait = ckpt._mngr.wait_until_finished
   monkeypatch.setattr(ckpt._mngr, 'wait_until_finished', lambda: waits.append(1) or real_wait())
   ckpt.save(1, state)
   assert waits  # the write finished within save
-  step, back = ckpt.restore_latest(abstract_of(state))
+  # The next round donates the saved buffers: the checkpoint holds what was saved.
+  want = jax.tree.map(np.array, state)
+  jax.block_until_ready(jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s),
+                                donate_argnums=0)(state))
+  step, back = ckpt.restore_latest(abstract_of(want))
   assert step == 1
-  assert_bitwise_equal(back, state)
+  assert_bitwise_equal(back, want)
   ckpt.close()
+
+
+def test_a_small_state_keeps_orbaxs_unbounded_background_save(tmp_path):
+  state = tiny_state(1)
+  assert checkpoint.host_buffer_gb(state) is None and checkpoint.host_buffer_gb(None) is None
+  ckpt = Checkpointer(str(tmp_path / 'ck'), like=state)
+  assert ckpt.buffer_gb is None
+  ckpt.close()
+
+
+def test_the_host_buffer_bound_holds_the_largest_array(monkeypatch):
+  from fedjax_mtl import hostmem
+  big = {'w': jax.ShapeDtypeStruct((3, 10**9 // 4), jnp.float32),  # 3 GB
+         'b': jax.ShapeDtypeStruct((4,), jnp.float32)}
+  monkeypatch.setattr(hostmem, 'host_memory_bytes', lambda: 16 * 10**9)
+  assert checkpoint.host_buffer_gb(big) == 7  # 2 x 3 GB + 1 byte, not 16 / 8 = 2
+  monkeypatch.setattr(hostmem, 'host_memory_bytes', lambda: 20 * 10**9)
+  assert checkpoint.host_buffer_gb(big) == 7
+  monkeypatch.setattr(hostmem, 'host_memory_bytes', lambda: 100 * 10**9)
+  assert checkpoint.host_buffer_gb(big) is None  # 3 GB of 100: saved in the background
+  many = {f'w{i}': jax.ShapeDtypeStruct((10**9 // 8,), jnp.float32) for i in range(10)}
+  monkeypatch.setattr(hostmem, 'host_memory_bytes', lambda: 30 * 10**9)
+  assert checkpoint.host_buffer_gb(many) == 4  # 5 GB of 30: an eighth (3.75 GB), rounded up

@@ -60,9 +60,9 @@ def group_evaluators(exp: Experiment, linear: bool = False) -> list:
   whatever `eval_edge_ods` says: one program serves the evaluations with odsF and
   those without (which fetch none), and every config sharing the experiment
   (`experiment.build` ignores `eval_edge_ods`)."""
-  evs = [evaluation.make_group_evaluator(g, m, edge_probs=not linear,
-                                       sal_metric=exp.config.get('sal_metric', 'maxF'),
-                                       linear=linear)
+  evs = [evaluation.make_group_evaluator(
+      g, m, edge_probs=not linear, sal_metric=exp.config.get('sal_metric', 'maxF'),
+      linear=linear, max_parallel=int(exp.config.get('max_parallel_clients', 0) or 0))
          for g, m in zip(exp.fed.groups, exp.models_eval)]
   if linear:
     return [lambda gs, b, ev=ev: ev(*rounds.eval_variables(exp, gs), b, gs.client['point'])
