@@ -164,10 +164,11 @@ ENGINE: dict[str, Field] = {
     'max_steps_per_round': Field(0, "cap on each client's local steps per round (0 = its "
                                  'local epochs in full; a rehearsal or quick look at paper '
                                  'shapes sets a few)', at_least(0)),
-    'max_parallel_clients': Field(0, "clients of a group trained at once (0 = the whole "
-                                  'group in one vmapped step; k: batches of k, the '
-                                  "group's peak memory that of k clients; many-task: the "
-                                  "round's (client, task) slots, k at a time)", at_least(0)),
+    'max_parallel_clients': Field(0, "clients of a group trained and evaluated at once "
+                                  '(0 = the whole group in one vmapped step; k: batches '
+                                  "of k, the group's peak memory that of k clients; "
+                                  "many-task: the round's (client, task) slots, k at a "
+                                  'time)', at_least(0)),
     'eval_batch_size': Field(20, 'test batch size', at_least(1)),
     'num_rounds': Field(8, 'communication rounds', at_least(1)),
     'eval_every': Field(4, 'evaluate every this many rounds (and after the last)', at_least(1)),

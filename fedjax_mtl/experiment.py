@@ -408,6 +408,32 @@ def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
   return out
 
 
+class BackgroundCompile:
+  """`compile_programs(jobs)` in one background thread, started at once: the
+  evaluation programs compile while the rounds before the first evaluation run
+  (XLA releases the GIL while it compiles). `wait()` returns their seconds (and
+  raises what the compilation raised); `close()` waits for the thread."""
+
+  def __init__(self, jobs: list[tuple[str, Any, tuple]]):
+    import concurrent.futures
+    self.names = [name for name, _, _ in jobs]
+    self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile')
+                  if jobs else None)
+    self._future = self._pool.submit(compile_programs, jobs) if jobs else None
+
+  def wait(self) -> dict[str, float]:
+    """The jobs' compile seconds once they are compiled ({} when there were none or
+    they were already returned)."""
+    if self._future is None:
+      return {}
+    future, self._future = self._future, None
+    return future.result()
+
+  def close(self) -> None:
+    if self._pool is not None:
+      self._pool.shutdown(wait=True)
+
+
 def load_pretrained_encoder(path: str, encoder, like: PyTree) -> dict:
   """Converted encoder weights from `path`, checked against `like` ({'params',
   'batch_stats'} of one client's encoder): {'params'} for Swin (mmseg / converted

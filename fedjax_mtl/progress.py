@@ -55,13 +55,16 @@ class Progress:
     self.times: list[tuple[float, bool]] = []
     self.bar = self.step = None
 
-  def compiling(self, names: list[str], cache_dir: str | None) -> None:
-    """Announce the compile phase (one line)."""
-    if not self.enabled or not names:
+  def compiling(self, names: list[str], cache_dir: str | None,
+                background: list[str] = ()) -> None:
+    """Announce the compile phase (one line), and the programs compiled in the
+    background while the first rounds run."""
+    if not self.enabled or not (names or background):
       return
     where = (f'cached in {cache_dir} for the next run' if cache_dir
              else 'no compilation cache (--xla_cache_dir=none)')
-    tqdm.write(f'compiling {len(names)} programs ({", ".join(names)}); {where} ...',
+    later = f'; {", ".join(background)} in the background' if background else ''
+    tqdm.write(f'compiling {len(names)} programs ({", ".join(names)}){later}; {where} ...',
                file=sys.stderr)
 
   def compiled(self, seconds: dict[str, float]) -> None:

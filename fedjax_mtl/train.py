@@ -60,7 +60,7 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
   total = int(config.num_rounds)
   eval_rounds = every_and_last(total, int(config.eval_every))
   ckpt_rounds = every_and_last(total, int(config.checkpoint_every))
-  ckpt, state = None, None
+  ckpt, state, background = None, None, None
   try:
     engine.open(start)  # every data source opens before anything is written
     if start:  # restored before compiling: a checkpoint of another model fails in seconds
@@ -76,13 +76,23 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
             if start < total else [])
     prog = progress.Progress(engine.label, total, start, eval_rounds, engine.steps_per_round,
                              enabled=bool(config.progress) and primary, summaries=primary)
-    prog.compiling([name for name, _, _ in jobs], jax.config.jax_compilation_cache_dir)
-    compile_s = experiment.compile_programs(jobs)
+    # The evaluation programs compile in the background when a round runs before
+    # the first evaluation (the default run's first is round 4).
+    first_eval = min((r for r in eval_rounds if r > start), default=None)
+    later = {i for i, (name, _, _) in enumerate(jobs) if name.startswith('evaluate')
+             } if first_eval is not None and first_eval > start + 1 else set()
+    prog.compiling([name for i, (name, _, _) in enumerate(jobs) if i not in later],
+                   jax.config.jax_compilation_cache_dir,
+                   background=[name for i, (name, _, _) in enumerate(jobs) if i in later])
+    compile_s = experiment.compile_programs([j for i, j in enumerate(jobs) if i not in later])
     prog.compiled(compile_s)
+    background = experiment.BackgroundCompile([j for i, j in enumerate(jobs) if i in later])
     if not start:
       state = engine.init_state()  # may still fail (pretrained weights' shapes)
     distributed.barrier('compiled')  # every process compiled its programs
   except BaseException:
+    if background is not None:
+      background.close()
     engine.close()
     if ckpt is not None:
       ckpt.close()
@@ -101,6 +111,7 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
           break
         rows = engine.round_rows(rnd, out)
         t = time.perf_counter()
+        late_compile_s = background.wait() if rnd in eval_rounds else {}
         eval_rows = engine.evaluate(state, rnd) if rnd in eval_rounds else []
         eval_s = time.perf_counter() - t
         wd.log(rows + eval_rows)
@@ -115,13 +126,14 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
         prog.round_end(rnd, dt, bool(eval_rows), summary(rnd, total, dt, rows, eval_rows,
                                                          engine.eval_summary(eval_rows)))
         # metrics.jsonl stays identical across resumes; timings go to timing.jsonl
-        wd.log_time(rnd, dt, bool(eval_rows), eval_s, save_s)
+        wd.log_time(rnd, dt, bool(eval_rows), eval_s, save_s, late_compile_s)
         if stop:
           stopped = preempt.Stopped(rnd, stop)
           break
         if stop_after is not None and rnd >= stop_after:
           return {'state': state, 'eval': eval_rows, 'interrupted': True}
   finally:
+    background.close()
     ckpt.close()  # waits for the last save
     engine.close()
     wd.close()

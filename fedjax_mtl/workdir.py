@@ -406,13 +406,17 @@ class Workdir:
       self.sink.write(rows)
 
   def log_time(self, rnd: int, seconds: float, evaluated: bool, eval_s: float = 0.,
-               checkpoint_s: float = 0.) -> None:
+               checkpoint_s: float = 0., background_compile_s: dict | None = None) -> None:
     """Round `rnd`'s wall seconds to timing.jsonl, with the evaluation's seconds and
-    the seconds the loop waited on the checkpoint save (both within `seconds`)."""
+    the seconds the loop waited on the checkpoint save (both within `seconds`), and the
+    compile seconds of programs compiled in the background while the rounds ran
+    (the evaluation's, logged at its first round)."""
     if self.primary:
-      report.append_jsonl(self.timing_path, [{'round': rnd, 'seconds': seconds,
-                                              'eval': evaluated, 'eval_s': eval_s,
-                                              'checkpoint_s': checkpoint_s}])
+      row = {'round': rnd, 'seconds': seconds, 'eval': evaluated, 'eval_s': eval_s,
+             'checkpoint_s': checkpoint_s}
+      if background_compile_s:
+        row['background_compile_s'] = background_compile_s
+      report.append_jsonl(self.timing_path, [row])
 
   def rows(self) -> list[dict]:
     """Every row of metrics.jsonl."""

@@ -266,6 +266,13 @@ def test_engine_round_compiles_once_and_logs_hyperweights(hca2_run):
   exp = experiment.build(tiny_config('hca2', hca2=hca2.default_config()))
   programs = dense.programs(exp)
   assert all(f._cache_size() == 1 for f in programs.train_fns + [programs.agg_fn])
+  # The evaluation compiled in the background during round 1 (the first evaluation is
+  # round 2), once: the loop's calls found it compiled.
+  assert programs.eval_fn._cache_size() == 1
+  timing = read_jsonl(os.path.join(wd, 'timing.jsonl'))
+  assert 'evaluate' not in timing[0]['compile_s']
+  assert [(r['round'], set(r.get('background_compile_s', ()))) for r in timing[1:]] == [
+      (1, set()), (2, {'evaluate'}), (3, set())]
   rows = read_jsonl(os.path.join(wd, 'metrics.jsonl'))
   agg = [r for r in rows if r['type'] == 'agg']
   n, k = exp.fed.num_clients, exp.fed.num_decoders
