@@ -75,14 +75,20 @@ def make_optimizer(optim_cfg) -> optax.GradientTransformation:
   name = optim_cfg.get('name', 'adamw')
   if name == 'sgd':
     momentum = float(optim_cfg.get('momentum', 0.0))
-    return optax.chain(optax.add_decayed_weights(optim_cfg.weight_decay),
-                       optax.trace(decay=momentum) if momentum else optax.identity())
-  if name == 'adam_amsgrad':
-    return optax.chain(optax.add_decayed_weights(optim_cfg.weight_decay),
-                       scale_by_torch_amsgrad(optim_cfg.b1, optim_cfg.b2, optim_cfg.eps))
-  return optax.chain(
-      optax.scale_by_adam(b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps),
-      optax.add_decayed_weights(optim_cfg.weight_decay))
+    tx = optax.chain(optax.add_decayed_weights(optim_cfg.weight_decay),
+                     optax.trace(decay=momentum) if momentum else optax.identity())
+  elif name == 'adam_amsgrad':
+    tx = optax.chain(optax.add_decayed_weights(optim_cfg.weight_decay),
+                     scale_by_torch_amsgrad(optim_cfg.b1, optim_cfg.b2, optim_cfg.eps))
+  else:
+    tx = optax.chain(
+        optax.scale_by_adam(b1=optim_cfg.b1, b2=optim_cfg.b2, eps=optim_cfg.eps),
+        optax.add_decayed_weights(optim_cfg.weight_decay))
+  # Every rule here is elementwise, so it runs on one flat vector of the client's
+  # parameters (its moments are flat vectors too): one fused update instead of one
+  # per leaf. The default config's trainers compile in 6.5 / 7.3 s instead of
+  # 8.6 / 8.8 s and its rounds run about 0.5 s faster on 2 cores (BENCHMARKS.md).
+  return optax.flatten(tx)
 
 
 def step_lrs(epoch_of_step: jax.Array, round_idx: jax.Array, optim_cfg,
