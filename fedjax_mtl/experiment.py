@@ -416,7 +416,6 @@ class BackgroundCompile:
 
   def __init__(self, jobs: list[tuple[str, Any, tuple]]):
     import concurrent.futures
-    self.names = [name for name, _, _ in jobs]
     self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile')
                   if jobs else None)
     self._future = self._pool.submit(compile_programs, jobs) if jobs else None

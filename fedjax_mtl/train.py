@@ -79,14 +79,14 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
     # The evaluation programs compile in the background when a round runs before
     # the first evaluation (the default run's first is round 4).
     first_eval = min((r for r in eval_rounds if r > start), default=None)
-    later = {i for i, (name, _, _) in enumerate(jobs) if name.startswith('evaluate')
-             } if first_eval is not None and first_eval > start + 1 else set()
-    prog.compiling([name for i, (name, _, _) in enumerate(jobs) if i not in later],
-                   jax.config.jax_compilation_cache_dir,
-                   background=[name for i, (name, _, _) in enumerate(jobs) if i in later])
-    compile_s = experiment.compile_programs([j for i, j in enumerate(jobs) if i not in later])
+    defer = first_eval is not None and first_eval > start + 1
+    later = [j for j in jobs if defer and j[0].startswith('evaluate')]
+    now = [j for j in jobs if not (defer and j[0].startswith('evaluate'))]
+    prog.compiling([name for name, _, _ in now], jax.config.jax_compilation_cache_dir,
+                   background=[name for name, _, _ in later])
+    compile_s = experiment.compile_programs(now)
     prog.compiled(compile_s)
-    background = experiment.BackgroundCompile([j for i, j in enumerate(jobs) if i in later])
+    background = experiment.BackgroundCompile(later)
     if not start:
       state = engine.init_state()  # may still fail (pretrained weights' shapes)
     distributed.barrier('compiled')  # every process compiled its programs
