@@ -87,7 +87,8 @@ def make_optimizer(optim_cfg) -> optax.GradientTransformation:
   # Every rule here is elementwise, so it runs on one flat vector of the client's
   # parameters (its moments are flat vectors too): one fused update instead of one
   # per leaf. The default config's trainers compile in 6.5 / 7.3 s instead of
-  # 8.6 / 8.8 s and its rounds run about 0.5 s faster on 2 cores (BENCHMARKS.md).
+  # 8.6 / 8.8 s; a round runs about 4 % slower on 2 cores (the raveled copies;
+  # BENCHMARKS.md).
   return optax.flatten(tx)
 
 
