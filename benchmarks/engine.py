@@ -22,7 +22,7 @@ from fedjax_mtl.experiment import compile_programs
 
 def _round_compile_s(engine: DenseEngine, state) -> float:
   """Seconds to compile a round's programs (group trainers and aggregation)."""
-  jobs = [j for j in engine.programs_to_compile(state, fresh=False)
+  jobs = [j for j in engine.programs_to_compile(state)
           if not j[0].startswith('evaluate')]
   return sum(compile_programs(jobs).values())
 
@@ -281,8 +281,7 @@ def round_collectives(algorithm: str = 'hca2') -> dict:
   feed.open(0)
   out = {'devices': jax.device_count()}
   total = 0
-  for name, fn, args in feed.programs_to_compile(experiment.init_state(exp, abstract=True),
-                                                fresh=False):
+  for name, fn, args in feed.programs_to_compile(experiment.init_state(exp, abstract=True)):
     ops = distributed.collective_bytes(fn.lower(*args).compile().as_text())
     key = name.replace(' ', '_')
     out[f'{key}_collectives'] = len(ops)

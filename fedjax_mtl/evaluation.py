@@ -91,6 +91,7 @@ def make_group_evaluator(group: GroupSpec, model_eval, edge_probs: bool = False,
         prob = jnp.where(tids[s] == edge_id, jax.nn.sigmoid(out[..., 0]), prob)
     return stats, prob
 
+  @jax.jit  # inlined by XLA; traced once for the accumulators' shapes and the scan body
   def run(params, batch_stats, tids, batch, point):
     if not max_parallel or max_parallel >= group.num_total:
       return jax.vmap(client_stats, (0, 0, 0, None, 0 if linear else None))(

@@ -326,10 +326,9 @@ class InitProgram:
     init = _init_fn(exp)
     seed = jax.ShapeDtypeStruct((), jnp.uint32)
     rep, shard = exp.replicated, exp.client_sharding
-    pb, rnd, rng = jax.eval_shape(init, seed)
     once = run_once_compiler_options()
-    self.params = jax.jit(init, out_shardings=(jax.tree.map(lambda _: shard, pb), rep, rep),
-                          compiler_options=once)
+    self.params = jax.jit(init, out_shardings=(shard, rep, rep), compiler_options=once)
+    pb, rnd, rng = self.params.eval_shape(seed)  # the trace its compilation reuses
 
     def states(pb, rnd, rng, enc=None):
       if enc is not None:  # {'params': ..., 'batch_stats': ... (encoders with batch norm)}
@@ -397,7 +396,8 @@ def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
   do not compile again. Args may be `jax.ShapeDtypeStruct`s with the
   shardings of the real calls. Not concurrent: XLA:CPU already spreads one
   compilation over the cores (parallel LLVM code generation), and two at once
-  took longer than one after the other (BENCHMARKS.md).
+  took longer than one after the other (BENCHMARKS.md); `BackgroundCompile` runs
+  the ones that need not wait (the round-0 programs, the evaluation).
   """
   import time
   out = {}
@@ -409,13 +409,17 @@ def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
 
 
 class BackgroundCompile:
-  """`compile_programs(jobs)` in one background thread, started at once: the
-  evaluation programs compile while the rounds before the first evaluation run
-  (XLA releases the GIL while it compiles). `wait()` returns their seconds (and
-  raises what the compilation raised); `close()` waits for the thread."""
+  """`compile_programs(jobs)` in one background thread, started at once (XLA
+  releases the GIL while it compiles): the round-0 programs compile while the
+  round's programs are traced, the evaluation programs while the rounds before
+  the first evaluation run. `wait()` returns their seconds (and raises what the
+  compilation raised); `close()` waits for the thread."""
 
   def __init__(self, jobs: list[tuple[str, Any, tuple]]):
     import concurrent.futures
+    import time
+    self.names = [name for name, _, _ in jobs]
+    self.started = time.perf_counter()
     self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='compile')
                   if jobs else None)
     self._future = self._pool.submit(compile_programs, jobs) if jobs else None

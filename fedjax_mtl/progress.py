@@ -67,12 +67,14 @@ class Progress:
     tqdm.write(f'compiling {len(names)} programs ({", ".join(names)}){later}; {where} ...',
                file=sys.stderr)
 
-  def compiled(self, seconds: dict[str, float]) -> None:
-    """One line with the compile (or cache load) time of each program."""
+  def compiled(self, seconds: dict[str, float], wall: float | None = None) -> None:
+    """One line with the compile (or cache load) time of each program and the wall
+    time of them all (`wall`; their sum when not given: some compile at once)."""
     if not self.enabled or not seconds:
       return
     parts = ', '.join(f'{k} {v:.1f}s' for k, v in seconds.items())
-    tqdm.write(f'compiled in {sum(seconds.values()):.1f}s ({parts})', file=sys.stderr)
+    total = sum(seconds.values()) if wall is None else wall
+    tqdm.write(f'compiled in {total:.1f}s ({parts})', file=sys.stderr)
 
   def __enter__(self) -> Progress:
     self.bar = tqdm(total=self.total, initial=self.start, unit='round', disable=not self.enabled,

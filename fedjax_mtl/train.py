@@ -60,7 +60,7 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
   total = int(config.num_rounds)
   eval_rounds = every_and_last(total, int(config.eval_every))
   ckpt_rounds = every_and_last(total, int(config.checkpoint_every))
-  ckpt, state, background = None, None, None
+  ckpt, state, background, round0 = None, None, None, None
   try:
     engine.open(start)  # every data source opens before anything is written
     if start:  # restored before compiling: a checkpoint of another model fails in seconds
@@ -70,9 +70,11 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
       if restored != start:  # a streamed source must start from the restored round
         start = restored
         engine.open(start)
-    # A finished run only restores its last state and rewrites its reports: no program runs.
-    jobs = (engine.programs_to_compile(state if start else engine.abstract_state(),
-                                       not start)
+    # A fresh run's round-0 programs compile (on one core: no LLVM optimisation on a
+    # CPU) while the round's programs are traced. A finished run only restores its
+    # last state and rewrites its reports: no program runs.
+    round0 = experiment.BackgroundCompile(engine.round0_programs() if not start else [])
+    jobs = (engine.programs_to_compile(state if start else engine.abstract_state())
             if start < total else [])
     prog = progress.Progress(engine.label, total, start, eval_rounds, engine.steps_per_round,
                              enabled=bool(config.progress) and primary, summaries=primary)
@@ -82,17 +84,21 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
     defer = first_eval is not None and first_eval > start + 1
     later = [j for j in jobs if defer and j[0].startswith('evaluate')]
     now = [j for j in jobs if not (defer and j[0].startswith('evaluate'))]
-    prog.compiling([name for name, _, _ in now], jax.config.jax_compilation_cache_dir,
+    prog.compiling([name for name, _, _ in now] + round0.names,
+                   jax.config.jax_compilation_cache_dir,
                    background=[name for name, _, _ in later])
+    t = round0.started if round0.names else time.perf_counter()
     compile_s = experiment.compile_programs(now)
-    prog.compiled(compile_s)
+    compile_s.update(round0.wait())
+    prog.compiled(compile_s, time.perf_counter() - t)  # wall: the first start to the last end
     background = experiment.BackgroundCompile(later)
     if not start:
       state = engine.init_state()  # may still fail (pretrained weights' shapes)
     distributed.barrier('compiled')  # every process compiled its programs
   except BaseException:
-    if background is not None:
-      background.close()
+    for b in (background, round0):
+      if b is not None:
+        b.close()
     engine.close()
     if ckpt is not None:
       ckpt.close()

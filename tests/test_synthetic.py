@@ -200,6 +200,23 @@ def test_deterministic_in_domain_split_seed(domain):
     assert not np.array_equal(a['semseg'], other['semseg'])
 
 
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_threads_do_not_change_the_scenes(domain):
+  # Randomness is drawn before the threads render slices of the images: any number
+  # of workers gives the same arrays as one, image by image.
+  one = synthetic.generate(domain, 'train', 50, (24, 20), seed=2, workers=1)
+  for workers in (2, 3):
+    many = synthetic.generate(domain, 'train', 50, (24, 20), seed=2, workers=workers)
+    assert many.keys() == one.keys()
+    for k in one:
+      assert many[k].dtype == one[k].dtype
+      np.testing.assert_array_equal(many[k], one[k], err_msg=f'{k}, {workers} workers')
+  # A prefix of the draws is not a smaller dataset's draws (tex is drawn last, over
+  # all images), so slices must come from one draw: 16 images are not the first 16.
+  few = synthetic.generate(domain, 'train', 16, (24, 20), seed=2, workers=1)
+  assert not np.array_equal(few['image'], one['image'][:16])
+
+
 def test_train_and_test_images_are_distinct(pascal):
   test = synthetic.generate('pascal', 'test', 50, RES, seed=0)
   train_flat = pascal['image'].reshape(N, -1)

@@ -17,6 +17,7 @@ over images and deterministic in (domain, split, seed).
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
@@ -53,18 +54,63 @@ def _ellipsoid(yy, xx, cy, cx, ry, rx):
 
 
 def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
-             seed: int = 0) -> dict[str, np.ndarray]:
+             seed: int = 0, workers: int | None = None) -> dict[str, np.ndarray]:
   """Render `num_images` scenes of `domain`; returns image + all task labels.
 
   Returns uint8 'image' [n,H,W,3] and labels in the real datasets' formats:
   'semseg' uint8, 'human_parts' uint8 (pascal), 'sal' uint8 (pascal),
   'normals' float32 [n,H,W,3], 'edge' uint8, 'depth' float32 metres (nyud).
+
+  Every random number is drawn first, in one order; the scenes are then rendered
+  in `workers` threads over slices of the images (default: the host's cores; NumPy
+  releases the GIL in its array loops), so the arrays do not depend on `workers`.
   """
   check_choice('synthetic domain', domain, DOMAINS)
   check_choice('split', split, ('train', 'test'))
   n = int(num_images)
   H, W = int(resolution[0]), int(resolution[1])
-  rng = _rng(domain, split, seed)
+  draws = _draw(domain, _rng(domain, split, seed), n, H, W)
+  workers = max(1, min(int(workers or os.cpu_count() or 1), n // 16 or 1))
+  if workers == 1:
+    return _render(domain, draws, H, W)
+  import concurrent.futures
+  slices = [slice(a[0], a[-1] + 1) for a in np.array_split(np.arange(n), workers)]
+  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='synthetic') as pool:
+    parts = list(pool.map(
+        lambda s: _render(domain, {k: v[s] for k, v in draws.items()}, H, W), slices))
+  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _draw(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> dict:
+  """Every random number of `n` scenes, per image (leading axis n), in the order
+  the renderer has always drawn them (the data is the same as before the split)."""
+  d = {}
+  if domain == 'pascal':
+    d['horizon'] = rng.uniform(0.45, 0.75, size=(n, 1, 1))
+    d['n_obj'] = rng.integers(1, _MAX_OBJECTS + 1, size=n)
+    obj_classes = rng.integers(1, 21, size=(n, _MAX_OBJECTS))
+    # Make people common enough that the parts task has data.
+    d['obj_classes'] = np.where(rng.uniform(size=(n, _MAX_OBJECTS)) < 0.25, PERSON,
+                                obj_classes)
+  else:
+    d['floor_line'] = rng.uniform(0.5, 0.7, size=(n, 1, 1))
+    d['wall_dist'] = rng.uniform(3., 7., size=(n, 1, 1))
+    d['n_obj'] = rng.integers(2, _MAX_OBJECTS + 1, size=n)
+    d['obj_classes'] = rng.integers(2, 40, size=(n, _MAX_OBJECTS))
+  for j in range(_MAX_OBJECTS):
+    d[f'cy{j}'] = rng.uniform(0.2, 0.85, n)
+    d[f'cx{j}'] = rng.uniform(0.1, 0.9, n)
+    d[f'ry{j}'] = rng.uniform(0.08, 0.3, n)
+    d[f'rx{j}'] = rng.uniform(0.06, 0.25, n)
+    d[f'z0{j}'] = rng.uniform(1.5, 8. if domain == 'nyud' else 25., n)
+    d[f'box{j}'] = rng.uniform(size=n)  # drawn in both domains
+  d['tex'] = rng.normal(0., 8., size=(n, H, W, 1))
+  return d
+
+
+def _render(domain: str, d: dict, H: int, W: int) -> dict[str, np.ndarray]:
+  """The images and labels of the scenes drawn in `d` (`_draw`)."""
+  n = len(d['n_obj'])
   yy, xx = np.meshgrid((np.arange(H) + .5) / H, (np.arange(W) + .5) / W, indexing='ij')
   yy = np.broadcast_to(yy, (n, H, W))
   xx = np.broadcast_to(xx, (n, H, W))
@@ -72,31 +118,25 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   sem = np.zeros((n, H, W), np.int32)
   inst = np.zeros((n, H, W), np.int32)
   normals = np.zeros((n, H, W, 3), np.float32)
+  n_obj, obj_classes = d['n_obj'], d['obj_classes']
   if domain == 'pascal':
     num_classes = 21
-    horizon = rng.uniform(0.45, 0.75, size=(n, 1, 1))
+    horizon = d['horizon']
     ground = yy > horizon
     # Sky far away, ground plane getting closer towards the bottom.
     depth = np.where(ground, 3. + 40. * (1. - (yy - horizon) / (1. - horizon + 1e-6)) ** 2, 60.)
     normals[..., 1] = np.where(ground, -1., 0.)
     normals[..., 2] = np.where(ground, 0., 1.)
     inst[:] = np.where(ground, 1, 0)
-    n_obj = rng.integers(1, _MAX_OBJECTS + 1, size=n)
-    obj_classes = rng.integers(1, num_classes, size=(n, _MAX_OBJECTS))
-    # Make people common enough that the parts task has data.
-    obj_classes = np.where(rng.uniform(size=(n, _MAX_OBJECTS)) < 0.25, PERSON, obj_classes)
   else:
     num_classes = 40
-    floor_line = rng.uniform(0.5, 0.7, size=(n, 1, 1))
-    wall_dist = rng.uniform(3., 7., size=(n, 1, 1))
+    floor_line, wall_dist = d['floor_line'], d['wall_dist']
     floor = yy > floor_line
     depth = np.where(floor, wall_dist * (floor_line + 0.05) / (yy + 0.05), wall_dist)
     sem[:] = np.where(floor, 1, 0)  # NYU40 wall=0, floor=1 after the -1 shift
     inst[:] = np.where(floor, 1, 0)
     normals[..., 1] = np.where(floor, -1., 0.)
     normals[..., 2] = np.where(floor, 0., 1.)
-    n_obj = rng.integers(2, _MAX_OBJECTS + 1, size=n)
-    obj_classes = rng.integers(2, num_classes, size=(n, _MAX_OBJECTS))
   depth = depth.astype(np.float64)
   parts = np.zeros((n, H, W), np.int32)
   salient = np.zeros((n, H, W), bool)
@@ -104,17 +144,14 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   for j in range(_MAX_OBJECTS):
     active = j < n_obj
     cls = obj_classes[:, j]
-    cy = rng.uniform(0.2, 0.85, n)
-    cx = rng.uniform(0.1, 0.9, n)
-    ry = rng.uniform(0.08, 0.3, n)
-    rx = rng.uniform(0.06, 0.25, n)
+    cy, cx, ry, rx = d[f'cy{j}'], d[f'cx{j}'], d[f'ry{j}'], d[f'rx{j}']
     is_person = (cls == PERSON) if domain == 'pascal' else np.zeros(n, bool)
     ry = np.where(is_person, np.maximum(ry, 0.18), ry)
     rx = np.where(is_person, np.minimum(rx, ry * 0.5), rx)
-    z0 = rng.uniform(1.5, 8. if domain == 'nyud' else 25., n)
+    z0 = d[f'z0{j}']
     bulge = np.minimum(rx, ry) * z0  # ellipsoid depth extent, in metres
     u, v, inside, h = _ellipsoid(yy, xx, cy, cx, ry, rx)
-    box = (domain == 'nyud') & (rng.uniform(size=n) < 0.6)
+    box = (domain == 'nyud') & (d[f'box{j}'] < 0.6)
     if domain == 'nyud':
       inside_box = (np.abs(u) < 0.9) & (np.abs(v) < 0.9)
       inside = np.where(box[:, None, None], inside_box, inside)
@@ -158,7 +195,7 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   light = np.array([0.3, 0.5, 0.81])
   light /= np.linalg.norm(light)
   shade = 0.45 + 0.55 * np.clip(normals @ light, 0., 1.)
-  tex = rng.normal(0., 8., size=(n, H, W, 1))
+  tex = d['tex']
   image = np.clip(base * shade[..., None] + tex, 0, 255).astype(np.uint8)
 
   out = {'image': image, 'semseg': sem.astype(np.uint8),

@@ -35,9 +35,14 @@ class Engine(Protocol):
   def init_state(self) -> Any:
     """The round-0 state on the devices."""
 
-  def programs_to_compile(self, state: Any, fresh: bool) -> list[tuple[str, Any, tuple]]:
-    """(name, jitted, example args) to compile before the first round (`state` may be
-    abstract); `fresh`: the run starts at round 0."""
+  def round0_programs(self) -> list[tuple[str, Any, tuple]]:
+    """(name, jitted, example args) of the programs that make the round-0 state (a
+    fresh run compiles them while it traces the others; [] when `init_state` has
+    none of its own)."""
+
+  def programs_to_compile(self, state: Any) -> list[tuple[str, Any, tuple]]:
+    """(name, jitted, example args) of a round's and an evaluation's programs, to
+    compile before the first round (`state` may be abstract)."""
 
   def run_round(self, state: Any, rnd: int,
                 progress: Callable[[int], None] | None = None) -> tuple[Any, dict]:

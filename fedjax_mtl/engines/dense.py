@@ -226,10 +226,16 @@ class DenseEngine:
     """The round-0 state on the mesh."""
     return experiment.init_state(self.exp)
 
-  def programs_to_compile(self, state: FedState, fresh: bool) -> list[tuple[str, Any, tuple]]:
+  def round0_programs(self) -> list[tuple[str, Any, tuple]]:
+    """The init programs (`experiment.InitProgram.jobs`; none for a pretrained
+    encoder: its states program takes the loaded weights)."""
+    if self.config.model.get('pretrained_path'):
+      return []
+    return self.exp.init_program.jobs(jnp.asarray(self.config.seed, jnp.uint32))
+
+  def programs_to_compile(self, state: FedState) -> list[tuple[str, Any, tuple]]:
     """(name, jitted, example args) of the programs a round and an evaluation call
-    (`experiment.compile_programs`), and the round-0 programs when `fresh`; `state`
-    may be abstract. Streamed: the evaluation programs (the chunk trainers and the
+    (`experiment.compile_programs`); `state` may be abstract. Streamed: the evaluation programs (the chunk trainers and the
     aggregation compile on their first call, while the host prepares chunks; a
     multi-process run compiles the aggregation here too: no process may reach its
     collectives while another still compiles it)."""
@@ -257,8 +263,6 @@ class DenseEngine:
         accs = jax.eval_shape(p.eval_batch_fns[d], state.groups, batch, None)[0]
         jobs.append((f'evaluate {d}', p.eval_batch_fns[d],
                      (state.groups, batch, with_sharding(accs, exp.replicated))))
-    if fresh and not self.config.model.get('pretrained_path'):
-      jobs += exp.init_program.jobs(jnp.asarray(self.config.seed, jnp.uint32))
     return jobs
 
   # ---- a round ----------------------------------------------------------------------

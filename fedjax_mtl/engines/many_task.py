@@ -73,7 +73,11 @@ class ManyTaskEngine:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.sharding),
                         jax.eval_shape(lambda: run_lib.init_state(self.run)))
 
-  def programs_to_compile(self, state, fresh: bool) -> list[tuple[str, Any, tuple]]:
+  def round0_programs(self) -> list[tuple[str, Any, tuple]]:
+    """None of its own: the round-0 state is made by `run_lib.init_state`'s calls."""
+    return []
+
+  def programs_to_compile(self, state) -> list[tuple[str, Any, tuple]]:
     """(name, jitted, args) of the round and evaluation programs (`state` may be
     abstract; the round's data are the first round's real feed)."""
     run, r = self.run, self._start
