@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import re
 import sys
@@ -10,6 +12,7 @@ import traceback
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -58,6 +61,105 @@ def host_buffer_gb(state) -> int | None:
   largest = max((_nbytes(x) for x in jax.tree.leaves(state)), default=0)
   bound = max(SYNC_SAVE_SHARE * hostmem.host_memory_bytes(), 2 * largest + 1)
   return max(1, -(-int(bound) // 10**9))  # orbax counts 10**9 bytes a GB
+
+
+# Arrays under this many bytes are saved packed, one host array per dtype: orbax's
+# work per array, not the bytes, is what a small state's save costs (the default
+# config's 311 arrays, 24 MB: 0.5-0.75 CPU-seconds per save; the same bytes as one
+# array 0.05 s; BENCHMARKS.md). The step's custom metadata records which leaves a
+# pack holds, in order (`pack_layout`); a step without it (written before packing, or
+# by a multi-process run, whose arrays no process holds whole) is read leaf by leaf.
+PACK_MAX_BYTES = 1 << 20
+PACKED = '__packed__'  # the packs' key in the saved tree
+_LAYOUT_KEY = 'fedjax_mtl_packed'  # in the step's custom metadata
+_STEP_METADATA = '_CHECKPOINT_METADATA'  # orbax's file of it in the step folder
+
+
+def _path_name(path) -> str:
+  def name(k):
+    return str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
+  return '/'.join(name(k) for k in path)
+
+
+def _packable(x) -> bool:
+  dtype = getattr(x, 'dtype', None)
+  if dtype is None or jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    return False
+  sharding = getattr(x, 'sharding', None)
+  return _nbytes(x) < PACK_MAX_BYTES and (sharding is None or sharding.is_fully_addressable)
+
+
+def pack_layout(tree: PyTree) -> dict[str, list]:
+  """{dtype: [[path, shape], ...]}: the leaves of `tree` (arrays or their shapes) that
+  a save packs, in their order in the pack: arrays under `PACK_MAX_BYTES` that this
+  process holds whole."""
+  out: dict[str, list] = {}
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if _packable(x):
+      out.setdefault(np.dtype(x.dtype).name, []).append([_path_name(path), list(x.shape)])
+  return out
+
+
+def _packed_paths(layout: dict) -> set[str]:
+  return {p for entries in layout.values() for p, _ in entries}
+
+
+def _pack(tree: dict, layout: dict) -> dict:
+  """`tree` with the leaves `layout` names set to None and their values concatenated
+  per dtype (host copies) under `PACKED`."""
+  names = _packed_paths(layout)
+  taken = {}
+
+  def take(path, x):
+    name = _path_name(path)
+    if name in names:
+      taken[name] = x
+      return None
+    return x
+
+  rest = jax.tree_util.tree_map_with_path(take, tree)
+  packs = {dt: np.concatenate([np.asarray(taken[p]).reshape(-1) for p, _ in entries])
+           for dt, entries in layout.items()}
+  return {**rest, PACKED: packs} if packs else rest
+
+
+def _restore_target(like: dict, layout: dict) -> dict:
+  """What orbax restores for a step packed by `layout`: `like` with the packed leaves
+  set to None, and one host array per pack."""
+  names = _packed_paths(layout)
+  rest = jax.tree_util.tree_map_with_path(
+      lambda path, x: None if _path_name(path) in names else x, like)
+  packs = {dt: np.empty(sum(math.prod(shape) for _, shape in entries), np.dtype(dt))
+           for dt, entries in layout.items()}
+  return {**rest, PACKED: packs} if packs else rest
+
+
+def _unpack(restored: dict, like: dict, layout: dict) -> dict:
+  """The restored tree with the packed leaves cut out of their packs and placed as
+  `like`'s leaves are (their shardings, when `like` has them)."""
+  if not layout:
+    return restored
+  restored = dict(restored)
+  packs = restored.pop(PACKED)
+  pieces = {}
+  for dt, entries in layout.items():
+    flat, offset = packs[dt], 0
+    for p, shape in entries:
+      n = math.prod(shape)
+      pieces[p] = flat[offset:offset + n].reshape(shape)
+      offset += n
+  values = {_path_name(path): x for path, x in
+            jax.tree_util.tree_flatten_with_path(restored, is_leaf=lambda x: x is None)[0]}
+
+  def place(path, l):
+    name = _path_name(path)
+    if name not in pieces:
+      return values[name]
+    sharding = getattr(l, 'sharding', None)
+    return jax.device_put(pieces[name], sharding) if sharding is not None else jax.numpy.asarray(
+        pieces[name])
+
+  return jax.tree_util.tree_map_with_path(place, like)
 
 
 class Checkpointer:
@@ -124,7 +226,10 @@ class Checkpointer:
     (`waits_for_write`): then the write finishes first, so that its buffers are gone
     before the next round allocates (and a bounded save, `like`, never reads arrays a
     later step has donated)."""
-    self._mngr.save(rounds_done, args=ocp.args.StandardSave(to_dict(state)))
+    tree = to_dict(state)
+    layout = pack_layout(tree)
+    self._mngr.save(rounds_done, args=ocp.args.StandardSave(_pack(tree, layout)),
+                    custom_metadata={_LAYOUT_KEY: layout})
     if self.buffer_gb or waits_for_write(state):
       self._mngr.wait_until_finished()
 
@@ -171,22 +276,43 @@ class Checkpointer:
   def _restore_step(self, step: int, abstract_state: FedState) -> FedState:
     """One step's state; ConfigError if it is another model's, _Unreadable if its data is bad."""
     like = to_dict(abstract_state)
+    layout = self._layout(step)
+    if diff := _layout_diff(layout, like):  # packed leaves the config does not have
+      raise self._mismatch(step, _structure_diff(self._step_dir(step), like, layout) or diff)
     _silence_abandoned_reads()  # before reading: a failed read's echoes arrive at once
     try:
-      d = self._mngr.restore(step, args=ocp.args.StandardRestore(like))
+      d = self._mngr.restore(step, args=ocp.args.StandardRestore(_restore_target(like, layout)))
     except Exception as e:  # tensorstore raises bare Exceptions
       if any(isinstance(c, MemoryError) or 'RESOURCE_EXHAUSTED' in str(c) for c in _chain(e)):
         raise  # the machine, not the checkpoint
       # Only a structure positively read from the step's metadata decides that the
       # checkpoint belongs to another config; anything else is unreadable data.
-      diff = _structure_diff(self._step_dir(step), like)
+      diff = _structure_diff(self._step_dir(step), like, layout)
       if diff:
         raise self._mismatch(step, diff) from None
       raise _Unreadable(_reason(e)) from None
     try:
-      return from_dict(abstract_state, d)
+      return from_dict(abstract_state, _unpack(d, like, layout))
     except (ValueError, KeyError, TypeError) as e:
       raise self._mismatch(step, _reason(e)) from None
+
+  def _layout(self, step: int) -> dict:
+    """The step's packs (`pack_layout`; {} for a step saved leaf by leaf), read from
+    the step's metadata file (orbax's `metadata(step)` also probes the items, and
+    logs a warning for each)."""
+    path = os.path.join(self._step_dir(step), _STEP_METADATA)
+    if not os.path.exists(path):
+      return {}
+    try:
+      with open(path) as f:
+        meta = json.load(f)
+    except (OSError, ValueError) as e:
+      raise _Unreadable(_reason(e)) from None
+    layout = ((meta.get('custom_metadata') if isinstance(meta, dict) else None) or {}).get(
+        _LAYOUT_KEY) or {}
+    if not isinstance(layout, dict):
+      raise _Unreadable(f'its pack layout is not a mapping: {type(layout).__name__}')
+    return layout
 
   def _mismatch(self, step: int, why: str) -> ConfigError:
     return ConfigError(
@@ -258,14 +384,28 @@ def _drop_unretrieved_reads(record: logging.LogRecord) -> bool:
 
 def _leaf_shapes(tree: PyTree) -> dict[str, tuple]:
   """{'a/b/0': shape} of a tree's array leaves (lists and dicts spelled alike)."""
-  def name(k):
-    return str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
   flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {'/'.join(name(k) for k in path): tuple(getattr(x, 'shape', ())) for path, x in flat}
+  return {_path_name(path): tuple(getattr(x, 'shape', ())) for path, x in flat}
 
 
-def _structure_diff(step_dir: str, like: PyTree) -> str:
-  """How the step's stored tree differs from `like` ('' if it matches or is unreadable)."""
+def _layout_diff(layout: dict, like: PyTree) -> str:
+  """How the packed leaves of a step (`layout`) differ from `like` ('' if they are
+  all `like`'s leaves with the same shapes and dtypes)."""
+  want = {_path_name(path): x for path, x in jax.tree_util.tree_flatten_with_path(like)[0]}
+  for dt, entries in layout.items():
+    for p, shape in entries:
+      if p not in want:
+        return f'{p} is in the checkpoint, not in the config'
+      x = want[p]
+      if tuple(shape) != tuple(x.shape) or np.dtype(dt) != np.dtype(x.dtype):
+        return (f'{p} is {dt}{tuple(shape)} in the checkpoint, '
+                f'{np.dtype(x.dtype).name}{tuple(x.shape)} in the config')
+  return ''
+
+
+def _structure_diff(step_dir: str, like: PyTree, layout: dict | None = None) -> str:
+  """How the step's stored tree (its packed leaves `layout` included) differs from
+  `like` ('' if it matches or is unreadable)."""
   handler = ocp.StandardCheckpointHandler()
   try:
     disk = _leaf_shapes(handler.metadata(epath.Path(step_dir) / 'default').tree)
@@ -273,6 +413,8 @@ def _structure_diff(step_dir: str, like: PyTree) -> str:
     return ''
   finally:
     handler.close()
+  disk = {k: v for k, v in disk.items() if not k.startswith(PACKED + '/')}
+  disk.update({p: tuple(shape) for entries in (layout or {}).values() for p, shape in entries})
   want = _leaf_shapes(like)
   if missing := sorted(set(want) - set(disk)):
     return f'{len(missing)} arrays missing from the checkpoint, e.g. {missing[0]}'

@@ -25,7 +25,8 @@ from fedjax_mtl import algorithms, distributed, federation, local_training, scen
 from fedjax_mtl.workdir import run_fields
 from fedjax_mtl.algorithms import plugin_math
 from fedjax_mtl.algorithms.base import ServerState
-from fedjax_mtl.data import real, synthetic
+from fedjax_mtl import data as data_lib
+from fedjax_mtl.data import synthetic
 from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.models import get_encoder
 from fedjax_mtl.models.decoder import DECODER_LAYERS
@@ -150,7 +151,7 @@ def fed_info(fed: federation.Federation, num_rounds: int,
 def _build(config) -> Experiment:
   algorithms.check(config.algorithm)
   check_choice('data source', config.data.source, DATA_SOURCES)
-  check_choice('data.augment', config.data.get('augment', 'host'), real.AUGMENT_MODES)
+  check_choice('data.augment', config.data.get('augment', 'host'), data_lib.AUGMENT_MODES)
   scenarios.layout(config.scenario)
   model_kw = {k: v for k, v in config.model.get('kwargs', {}).items()}
   if config.model.get('dtype', 'float32') not in ('float32', 'bfloat16'):
@@ -160,6 +161,7 @@ def _build(config) -> Experiment:
   model_kw['remat'] = remat(config)
   encoder = get_encoder(config.model.encoder, dtype=dtype, **model_kw)
   if config.data.source == 'real':
+    from fedjax_mtl.data import real  # grain and scipy: imported for real data only
     data = {}
     num_train = {d: len(real.open_split(config, d, 'train', tasks=()))
                  for d in datasets(config)}

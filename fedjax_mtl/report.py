@@ -311,6 +311,24 @@ def _beta_figure(agg: list[dict], meta: dict) -> Figure:
   return fig
 
 
+def _import_plotting() -> None:
+  import matplotlib.figure  # noqa: F401
+  from matplotlib import colormaps, ticker  # noqa: F401
+  from matplotlib.backends import backend_agg  # noqa: F401
+
+
+def import_plotting_in_background():
+  """Import matplotlib's figure, colour maps and Agg backend (about 0.4 s) in a daemon
+  thread, so that the plots at the end of a run do not wait for them; returns the
+  started thread. A run starts it when its rounds begin and joins it when they end,
+  before anything of its own imports matplotlib (two threads importing one package
+  at once can meet it half initialised)."""
+  import threading
+  thread = threading.Thread(target=_import_plotting, name='import-plotting', daemon=True)
+  thread.start()
+  return thread
+
+
 def _save(fig: Figure, path: str, dpi: int = 120) -> str:
   fig.savefig(path, dpi=dpi)
   return path

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from fedjax_mtl import distributed, evaluation, hostmem
+from fedjax_mtl import data
 from fedjax_mtl import tasks as tasks_lib
-from fedjax_mtl.data import real
 from fedjax_mtl.errors import check_choice
 from fedjax_mtl.experiment import Experiment, per_experiment
 
@@ -81,6 +81,7 @@ class StreamedSource:
     hold more than `budget_gib` (0: a quarter of the host's memory), with a log line
     saying so (`real.feed_workers`). The 4c paper layout's PASCAL chunk of 20 clients
     is 0.74 GiB: 8 workers filled 13 GB of shared memory on a 24 GB host."""
+    from fedjax_mtl.data import real  # grain and scipy: imported for real data only
     budget = (int(budget_gib * 2**30) if budget_gib > 0
               else hostmem.host_memory_bytes() // 4)
     element = self.train_chunks.element_bytes()
@@ -101,6 +102,7 @@ class StreamedSource:
   def round_chunks(self, rnd: int) -> Iterator[tuple[int, dict]]:
     """Round `rnd`'s chunks (1-based) as (group, device chunk): client axes sharded
     over the mesh from this process's rows of them (`TrainChunks.rows`)."""
+    from fedjax_mtl.data import real  # grain and scipy: imported for real data only
     if self._iter is None:
       self._iter = real.iterate(self.train_chunks, self.train_chunks.offset(self._start),
                                 workers=self.workers, threads=self.threads)
@@ -123,6 +125,7 @@ class StreamedSource:
 
   def test_batches(self, dataset: str) -> Iterator[dict]:
     """`dataset`'s test batches (host arrays), read by this source's threads."""
+    from fedjax_mtl.data import real  # grain and scipy: imported for real data only
     return real.iterate(self.eval_batches[dataset], threads=self.threads)
 
   def close(self) -> None:
@@ -140,13 +143,14 @@ def make_source(exp: Experiment, start_round: int = 0,
 def augment_mode(exp: Experiment) -> str:
   """`data.augment`: where training samples are augmented ('host' | 'device')."""
   mode = exp.config.data.get('augment', 'host')
-  check_choice('data.augment', mode, real.AUGMENT_MODES)
+  check_choice('data.augment', mode, data.AUGMENT_MODES)
   return mode
 
 
 @per_experiment
 def streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
   """The run's training chunk source and per-dataset test batch sources."""
+  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
   cfg, fed = exp.config, exp.fed
   specs = [group_feed_spec(exp, g) for g in fed.groups]
   sources = [[real.client_source(cfg, fed.clients[c]) for c in g.client_ids] for g in fed.groups]
@@ -165,6 +169,7 @@ def streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
 @per_experiment
 def device_chunks(exp: Experiment) -> real.TrainChunks:
   """The training chunks with raw samples (`data.augment='device'`)."""
+  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
   c = streamed_sources(exp)[0]
   return real.TrainChunks(c.specs, c.sources, c.num_rounds, c.size_of, c.seed, c.transforms_of,
                           augment='device', rows=c.rows)
@@ -178,11 +183,13 @@ def sizes(exp: Experiment) -> dict[str, tuple[int, int]]:
 
 def train_transforms(exp: Experiment) -> dict[str, list]:
   """The training augmentation of each dataset."""
+  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
   return {d: real.T.train_transforms(size) for d, size in sizes(exp).items()}
 
 
 def group_feed_spec(exp: Experiment, g) -> real.GroupFeedSpec:
   """The streamed plan of client group `g`'s local steps (chunks of its round)."""
+  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
   cfg, fed = exp.config, exp.fed
   chunk_steps = int(cfg.data.get('chunk_steps', 2))
   spec = real.GroupFeedSpec(
@@ -195,6 +202,7 @@ def group_feed_spec(exp: Experiment, g) -> real.GroupFeedSpec:
 
 def eval_source(exp: Experiment, dataset: str, keys: tuple[str, ...]) -> real.EvalBatches:
   """`dataset`'s test split as evaluation batches with the labels `keys`."""
+  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
   cfg = exp.config
   test = real.open_split(cfg, dataset, real.TEST_SPLIT, tasks=keys)
   real.check_eval_sizes(cfg, dataset, test)

@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from fedjax_mtl import distributed, engines, experiment, preempt, progress, validate
+from fedjax_mtl import distributed, engines, experiment, preempt, progress, report, validate
 from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.checkpoint import Checkpointer
 from fedjax_mtl.errors import DivergedError
@@ -104,6 +104,8 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
       ckpt.close()
     raise
   ckpt = ckpt or Checkpointer(wd.checkpoint_dir, like=state)
+  # The reports' plotting library loads while the rounds run (joined when they end).
+  plotting = report.import_plotting_in_background() if primary else None
   eval_rows, diverged, stopped = [], None, None
   try:
     wd.begin(config, start, compile_s, engine.meta_rows())  # the first write
@@ -139,6 +141,8 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
         if stop_after is not None and rnd >= stop_after:
           return {'state': state, 'eval': eval_rows, 'interrupted': True}
   finally:
+    if plotting is not None:
+      plotting.join()
     background.close()
     ckpt.close()  # waits for the last save
     engine.close()

@@ -7,6 +7,7 @@ orbax actually wrote.
 
 import asyncio
 import gc
+import json
 import os
 import shutil
 import sys
@@ -266,3 +267,55 @@ def test_the_host_buffer_bound_holds_the_largest_array(monkeypatch):
   many = {f'w{i}': jax.ShapeDtypeStruct((10**9 // 8,), jnp.float32) for i in range(10)}
   monkeypatch.setattr(hostmem, 'host_memory_bytes', lambda: 30 * 10**9)
   assert checkpoint.host_buffer_gb(many) == 4  # 5 GB of 30: an eighth (3.75 GB), rounded up
+
+
+def test_small_arrays_are_saved_packed_and_large_ones_as_they_are(tmp_path, monkeypatch):
+  import orbax.checkpoint as ocp
+  from etils import epath
+  # 1 kB: the encoder's w (2 x 64 x 32 float32, 16 kB) and its Adam moments stay arrays.
+  monkeypatch.setattr(checkpoint, 'PACK_MAX_BYTES', 1024)
+  state = tiny_state(3)
+  state = state.replace(server={**state.server, 'h': jnp.arange(5, dtype=jnp.bfloat16)})
+  d = str(tmp_path / 'ck')
+  ckpt = Checkpointer(d)
+  ckpt.save(1, state)
+  ckpt.close()
+  handler = ocp.StandardCheckpointHandler()
+  stored = checkpoint._leaf_shapes(handler.metadata(epath.Path(d) / '1' / 'default').tree)
+  handler.close()
+  arrays = sorted(k for k in stored if not k.startswith(checkpoint.PACKED))
+  assert arrays == ['groups/0/opt_state/0/mu/encoder/w', 'groups/0/opt_state/0/nu/encoder/w',
+                    'groups/0/params/encoder/w']
+  assert sorted(k for k in stored if k.startswith(checkpoint.PACKED)) == [
+      f'{checkpoint.PACKED}/{t}' for t in ('bfloat16', 'float32', 'int32', 'uint32')]
+  with open(os.path.join(d, '1', checkpoint._STEP_METADATA)) as f:
+    layout = json.load(f)['custom_metadata'][checkpoint._LAYOUT_KEY]
+  assert layout['bfloat16'] == [['server/h', [5]]] and ['round', []] in layout['int32']
+  assert ['groups/0/params/head/b', [2, 3]] in layout['float32']
+  # Every packed leaf and every array: their number is the state's.
+  assert len(arrays) + sum(len(v) for v in layout.values()) == len(jax.tree.leaves(state))
+  ckpt = Checkpointer(d)
+  step, back = ckpt.restore_latest(abstract_of(state))
+  ckpt.close()
+  assert step == 1
+  assert_bitwise_equal(back, state)
+  want = jax.tree.leaves(abstract_of(state))
+  assert [x.sharding for x in jax.tree.leaves(back)] == [x.sharding for x in want]
+
+
+def test_a_step_saved_array_by_array_still_restores(tmp_path):
+  # What checkpoints written before packing (or by a multi-process run) hold.
+  import orbax.checkpoint as ocp
+  from fedjax_mtl.state import to_dict
+  d = str(tmp_path / 'ck')
+  mngr = ocp.CheckpointManager(d, options=ocp.CheckpointManagerOptions(create=True))
+  mngr.save(2, args=ocp.args.StandardSave(to_dict(tiny_state(2))))
+  mngr.close()
+  ckpt = Checkpointer(d)
+  step, back = ckpt.restore_latest(abstract_of(tiny_state(0)))
+  with pytest.raises(ConfigError, match=r'encoder/w has shape \(2, 64, 32\) in the checkpoint, '
+                                        r'\(2, 64, 16\) in the config'):
+    ckpt.restore(2, abstract_of(tiny_state(0, width=16)))
+  ckpt.close()
+  assert step == 2
+  assert_bitwise_equal(back, tiny_state(2))
