@@ -155,9 +155,7 @@ def _unpack(restored: dict, like: dict, layout: dict) -> dict:
     name = _path_name(path)
     if name not in pieces:
       return values[name]
-    sharding = getattr(l, 'sharding', None)
-    return jax.device_put(pieces[name], sharding) if sharding is not None else jax.numpy.asarray(
-        pieces[name])
+    return jax.device_put(pieces[name], getattr(l, 'sharding', None))
 
   return jax.tree_util.tree_map_with_path(place, like)
 

@@ -128,6 +128,14 @@ def host_memory_bytes() -> int:
   return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 
+def host_cores() -> int:
+  """The cores this process may run on (its CPU affinity where the OS has one)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
 def release_freed_memory() -> bool:
   """Return the free pages of glibc's heaps to the system now (`malloc_trim(0)`),
   whatever `reuse_freed_memory` set; True where it ran (glibc only).

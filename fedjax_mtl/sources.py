@@ -17,11 +17,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from fedjax_mtl import distributed, evaluation, hostmem
-from fedjax_mtl import data
+from fedjax_mtl import data, distributed, evaluation, hostmem
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.errors import check_choice
 from fedjax_mtl.experiment import Experiment, per_experiment
+
+# `fedjax_mtl.data.real` (grain, scipy.io) is imported inside the functions that read
+# real data, so that a synthetic run does not load it.
 
 PyTree = Any
 
@@ -81,7 +83,7 @@ class StreamedSource:
     hold more than `budget_gib` (0: a quarter of the host's memory), with a log line
     saying so (`real.feed_workers`). The 4c paper layout's PASCAL chunk of 20 clients
     is 0.74 GiB: 8 workers filled 13 GB of shared memory on a 24 GB host."""
-    from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+    from fedjax_mtl.data import real
     budget = (int(budget_gib * 2**30) if budget_gib > 0
               else hostmem.host_memory_bytes() // 4)
     element = self.train_chunks.element_bytes()
@@ -102,7 +104,7 @@ class StreamedSource:
   def round_chunks(self, rnd: int) -> Iterator[tuple[int, dict]]:
     """Round `rnd`'s chunks (1-based) as (group, device chunk): client axes sharded
     over the mesh from this process's rows of them (`TrainChunks.rows`)."""
-    from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+    from fedjax_mtl.data import real
     if self._iter is None:
       self._iter = real.iterate(self.train_chunks, self.train_chunks.offset(self._start),
                                 workers=self.workers, threads=self.threads)
@@ -125,7 +127,7 @@ class StreamedSource:
 
   def test_batches(self, dataset: str) -> Iterator[dict]:
     """`dataset`'s test batches (host arrays), read by this source's threads."""
-    from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+    from fedjax_mtl.data import real
     return real.iterate(self.eval_batches[dataset], threads=self.threads)
 
   def close(self) -> None:
@@ -150,7 +152,7 @@ def augment_mode(exp: Experiment) -> str:
 @per_experiment
 def streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
   """The run's training chunk source and per-dataset test batch sources."""
-  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+  from fedjax_mtl.data import real
   cfg, fed = exp.config, exp.fed
   specs = [group_feed_spec(exp, g) for g in fed.groups]
   sources = [[real.client_source(cfg, fed.clients[c]) for c in g.client_ids] for g in fed.groups]
@@ -169,7 +171,7 @@ def streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
 @per_experiment
 def device_chunks(exp: Experiment) -> real.TrainChunks:
   """The training chunks with raw samples (`data.augment='device'`)."""
-  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+  from fedjax_mtl.data import real
   c = streamed_sources(exp)[0]
   return real.TrainChunks(c.specs, c.sources, c.num_rounds, c.size_of, c.seed, c.transforms_of,
                           augment='device', rows=c.rows)
@@ -183,13 +185,13 @@ def sizes(exp: Experiment) -> dict[str, tuple[int, int]]:
 
 def train_transforms(exp: Experiment) -> dict[str, list]:
   """The training augmentation of each dataset."""
-  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+  from fedjax_mtl.data import real
   return {d: real.T.train_transforms(size) for d, size in sizes(exp).items()}
 
 
 def group_feed_spec(exp: Experiment, g) -> real.GroupFeedSpec:
   """The streamed plan of client group `g`'s local steps (chunks of its round)."""
-  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+  from fedjax_mtl.data import real
   cfg, fed = exp.config, exp.fed
   chunk_steps = int(cfg.data.get('chunk_steps', 2))
   spec = real.GroupFeedSpec(
@@ -202,7 +204,7 @@ def group_feed_spec(exp: Experiment, g) -> real.GroupFeedSpec:
 
 def eval_source(exp: Experiment, dataset: str, keys: tuple[str, ...]) -> real.EvalBatches:
   """`dataset`'s test split as evaluation batches with the labels `keys`."""
-  from fedjax_mtl.data import real  # grain and scipy: imported for real data only
+  from fedjax_mtl.data import real
   cfg = exp.config
   test = real.open_split(cfg, dataset, real.TEST_SPLIT, tasks=keys)
   real.check_eval_sizes(cfg, dataset, test)

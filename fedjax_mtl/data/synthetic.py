@@ -17,11 +17,11 @@ over images and deterministic in (domain, split, seed).
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
 
+from fedjax_mtl import hostmem
 from fedjax_mtl.errors import check_choice
 from fedjax_mtl.tasks import IGNORE
 
@@ -62,7 +62,7 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   'normals' float32 [n,H,W,3], 'edge' uint8, 'depth' float32 metres (nyud).
 
   Every random number is drawn first, in one order; the scenes are then rendered
-  in `workers` threads over slices of the images (default: the host's cores; NumPy
+  in `workers` threads over slices of the images (default: `hostmem.host_cores()`; NumPy
   releases the GIL in its array loops), so the arrays do not depend on `workers`.
   """
   check_choice('synthetic domain', domain, DOMAINS)
@@ -70,7 +70,7 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   n = int(num_images)
   H, W = int(resolution[0]), int(resolution[1])
   draws = _draw(domain, _rng(domain, split, seed), n, H, W)
-  workers = max(1, min(int(workers or os.cpu_count() or 1), n // 16 or 1))
+  workers = max(1, min(int(workers or hostmem.host_cores()), n // 16 or 1))
   if workers == 1:
     return _render(domain, draws, H, W)
   import concurrent.futures

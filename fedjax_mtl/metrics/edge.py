@@ -60,6 +60,8 @@ import scipy.ndimage as ndi
 import scipy.sparse as sp
 from scipy.sparse import csgraph
 
+from fedjax_mtl.hostmem import host_cores  # noqa: F401  (exported: the odsF pool's default)
+
 __all__ = [
     "PASCAL_MAX_DIST",
     "NYUD_MAX_DIST",
@@ -606,14 +608,6 @@ def _image_counts_star(args: tuple) -> np.ndarray:
 def _counts_of_jobs(jobs: list) -> list[np.ndarray]:
     """[T, 4] counts of each job (a pool task: one or a few images)."""
     return [_image_counts_star(job) for job in jobs]
-
-
-def host_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _watch_parent(parent: int) -> None:
