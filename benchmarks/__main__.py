@@ -32,6 +32,9 @@
                                   the collectives of a round
               --only=flower       the smoke round in Flower's simulation engine vs the
                                   engine's, and where its time goes
+  replicas    --only=replicas     the default config's 3 seeds as 3 cold runs vs one
+                                  sweep (config.sweep='seed=0,1,2'): wall, compile,
+                                  round throughput per replica
   edge        --only=odsf         host-side edge odsF at PASCAL size (500x375): seconds per
                                   image, the worker pool's throughput on 1..all cores and
                                   the time for 5,105 test images per edge client
@@ -52,7 +55,8 @@ import sys
 
 import jax
 
-from benchmarks import edge, engine, feddea, gpu, many_task, models, multihost, pipeline, rules
+from benchmarks import (edge, engine, feddea, gpu, many_task, models, multihost, pipeline,
+                        replicas, rules)
 from benchmarks.common import jsonl_log
 from benchmarks.torch_compare import serve
 from fedjax_mtl import cpu_isa, hostmem
@@ -114,6 +118,7 @@ RUNS = {
     'multihost': lambda a: {'multihost': multihost.bench_multihost()},
     'flower': lambda a: {'flower': multihost.bench_flower()},
     'odsf': lambda a: {'odsf': edge.bench(a)},
+    'replicas': lambda a: {'replicas': replicas.bench_replicas()},
 }
 # --only=all (the default). The others are left out of it: they compile at paper scale,
 # take minutes on a CPU, start processes or need an accelerator or an extra.

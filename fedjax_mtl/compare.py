@@ -6,14 +6,19 @@
         --run "enc-only=configs/hca2.py hca2.decoder_agg=none"
 
 Each `--run` is `NAME=CONFIG[:ARG] [field=value ...]` (overrides as dotted
-config fields). Runs go to OUT/NAME/seed<S>: a finished run of the same config
+config fields). A dense method's seeds on the synthetic data run as one sweep's
+replicas (`config.sweep='seed=0,1'`: one compiled program for all seeds) in
+OUT/NAME/seeds<S,...>, each seed's run in its replicas/seed=<S> sub-workdir;
+with --no-replicas (and for the many-task setting or real data) each seed is
+its own run in OUT/NAME/seed<S>. A finished run of the same config
 is read back, not redone; an interrupted one resumes; a folder holding a run of
 another config stops the script before anything runs, unless --rerun_changed
 moves it aside. The table has one row per method, one column per client task
 (final round, mean ± std over seeds), Δm against the run named by --reference
 (default `local`; `--pair NAME=REF` sets another reference for one method, e.g.
 each +DEA row against its base) and the median seconds per round (rounds after
-the first, without evaluation), written to OUT/comparison.md and .csv.
+the first, without evaluation; a sweep's divided by its replicas), written to
+OUT/comparison.md and .csv.
 
 When every run is of the many-task setting (`setting='many_task'`, e.g.
 `configs/fedavg.py:mini8`), the table is MaTU's Table 1/2 (spec matu §5) instead:
@@ -51,7 +56,6 @@ import numpy as np
 from fedjax_mtl import report
 from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.errors import ConfigError
-from fedjax_mtl.metrics.delta_m import delta_m
 
 
 def _parse_value(raw: str, old, field: str):
@@ -96,68 +100,6 @@ def load_config(spec: str):
     node, last = config_doc.field_parent(cfg, key)
     node[last] = _parse_value(raw, node[last], key)
   return cfg
-
-
-def final_metrics(workdir: str) -> dict[str, float]:
-  """{'client/task metric': value} of the last evaluated round of a run."""
-  rows = report.final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
-  # metrics.jsonl writes a non-finite value as null: NaN here, '–' in the table.
-  return {f"{r['client']}/{r['task']} {r['metric']}":
-          float('nan') if r['value'] is None else r['value'] for r in rows}
-
-
-def column_lower_is_better(key: str) -> bool:
-  """Whether lower is better in a 'client/task metric' column of final_metrics."""
-  client_task, metric = key.rsplit(' ', 1)
-  return report.lower_is_better(client_task.rsplit('/', 1)[-1], metric)
-
-
-def _fmt(vals, digits: int = 2) -> str:
-  """mean ± std over seeds ('–' when any is not finite; no std for one seed)."""
-  vals = np.asarray(vals, np.float64)
-  if not np.isfinite(vals).all():
-    return '–'
-  mean = f'{vals.mean():.{digits}f}'
-  return mean if len(vals) == 1 else f'{mean} ± {vals.std():.{digits}f}'
-
-
-def comparison_table(results: dict[str, list[dict[str, float]]],
-                     reference: str, seconds: dict[str, list[float]] | None = None,
-                     pairs: dict[str, str] | None = None) -> tuple[str, str]:
-  """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm, then the
-  seconds per round when `seconds` (method -> per-seed values) is given.
-
-  Δm of a method is against `reference`, or against `pairs[method]` where given
-  (e.g. each +DEA row against its base, as FedDEA's tables report it)."""
-  cols = list(next(iter(results.values()))[0])
-  pairs = pairs or {}
-  md = io.StringIO()
-  arrows = [c + ('↓' if column_lower_is_better(c) else '↑') for c in cols]
-  extra = ' s/round |' if seconds else ''
-  dm_head = 'Δm (%) ↑ (vs)' if pairs else 'Δm (%) ↑'
-  md.write('| method | ' + ' | '.join(arrows) + f' | {dm_head} |' + extra + '\n')
-  md.write('|---' * (len(cols) + 2 + bool(seconds)) + '|\n')
-  buf = io.StringIO()
-  w = csv.writer(buf)
-  w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else []))
-
-  for name, runs in results.items():
-    per_col = [[r[c] for r in runs] for c in cols]
-    ref_name = pairs.get(name, reference)
-    ref_runs = results.get(ref_name)
-    if ref_runs is not None:
-      # Δm per seed against the reference run of the same seed.
-      dms = [delta_m(r, ref, lower_is_better=column_lower_is_better)
-             for r, ref in zip(runs, ref_runs)]
-    else:
-      dms = [float('nan')]
-    sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
-    dm_text = _fmt(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
-    md.write(f'| {name} | ' + ' | '.join(_fmt(v) for v in per_col) + f' | {dm_text} |'
-             + ''.join(sec) + '\n')
-    w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
-               + ([float(np.median(seconds[name]))] if seconds else []))
-  return md.getvalue(), buf.getvalue()
 
 
 def is_many_task(cfg) -> bool:
@@ -213,11 +155,12 @@ def many_task_table(results: dict[str, list[dict[str, float]]], reference: str,
     else:
       norm = np.array([np.nan])
     # The reference is 100 by definition: one value, no spread.
-    norm_text = _fmt([norm.mean()], 1) if name == reference else _fmt(norm, 1)
+    norm_text = (report.mean_std([norm.mean()], 1) if name == reference
+                 else report.mean_std(norm, 1))
     mean_bits = float(np.mean(bits[name]))
     sec = [f'{np.median(seconds[name]):.2f}'] if seconds else []
-    md.write(f'| {name} | ' + ' | '.join([_fmt(acc[:, i]) for i in range(len(tasks))]
-                                         + [_fmt(acc.mean(axis=1)), norm_text,
+    md.write(f'| {name} | ' + ' | '.join([report.mean_std(acc[:, i]) for i in range(len(tasks))]
+                                         + [report.mean_std(acc.mean(axis=1)), norm_text,
                                             format_bits(mean_bits)] + sec) + ' |\n')
     w.writerow([name] + [float(v) for v in acc.mean(axis=0)]
                + [float(acc.mean()), float(norm.mean()), mean_bits]
@@ -237,14 +180,43 @@ def table_setting(plan: list) -> bool:
 
 
 class Run(NamedTuple):
-  """One method and seed of the comparison, planned before anything runs."""
+  """One method and seed of the comparison (or all its seeds as a sweep's replicas),
+  planned before anything runs."""
   name: str
   spec: str
-  seed: int
+  seed: int  # the first of `seeds` for a sweep
   workdir: str
   config: Any
   action: str  # 'reuse' (finished, same config), 'run' (new or resumed) or 'replace'
   diffs: list  # config fields in which the run already in `workdir` differs
+  seeds: tuple = ()  # the replicas' seeds when the run is a sweep (`config.sweep`)
+
+
+def run_dirs(run: Run) -> list[tuple[int, str]]:
+  """(seed, workdir) of each seed a planned run holds: its own, or its replicas'
+  sub-workdirs (`engines.replicas`)."""
+  if not run.seeds:
+    return [(run.seed, run.workdir)]
+  from fedjax_mtl import validate
+  s = validate.sweep_of(run.config)
+  return [(s.seed(run.config, r), os.path.join(run.workdir, 'replicas', s.label(r)))
+          for r in range(s.size)]
+
+
+def _as_replicas(cfg, seeds: list[int]):
+  """`cfg` running `seeds` as one sweep's replicas (`config.sweep='seed=...'`), or None
+  where a sweep cannot hold them (one seed, the many-task setting, real data)."""
+  from fedjax_mtl import sweep, validate
+  if len(seeds) < 2 or cfg.get('sweep', ''):
+    return None
+  c = cfg.copy_and_resolve_references()
+  c.seed = seeds[0]
+  c.sweep = 'seed=' + ','.join(map(str, seeds))
+  try:
+    sweep.check(c, validate.sweep_of(c))
+  except ConfigError:
+    return None
+  return c
 
 
 def _aside(wd: str) -> str:
@@ -255,14 +227,39 @@ def _aside(wd: str) -> str:
   return f'{wd}.replaced-{n}'
 
 
+def _finished_per_seed(spec: str, seeds: list[int], folder: str) -> bool:
+  """Whether `folder` holds a finished run of `spec` for every seed, one per seed
+  (`--no-replicas`' layout, or an older comparison's): those are read back, not run
+  again as a sweep."""
+  for seed in seeds:
+    wd = os.path.join(folder, f'seed{seed}')
+    if not os.path.exists(os.path.join(wd, 'results.csv')):
+      return False
+    try:
+      cfg = load_config(spec)
+    except ConfigError:
+      return False
+    cfg.seed, cfg.progress = seed, False
+    if is_many_task(cfg):
+      cfg.split_seed = seed
+    if workdir_lib.config_diffs(cfg, wd):
+      return False
+  return True
+
+
 def plan_runs(run_args: list[str], seeds: list[int], out: str,
-              rerun_changed: bool = False, hold: contextlib.ExitStack | None = None
-              ) -> list[Run]:
+              rerun_changed: bool = False, hold: contextlib.ExitStack | None = None,
+              replicas: bool = False) -> list[Run]:
   """Every run of the comparison, checked before anything runs: ConfigError (one line)
   for a bad --run, for a folder holding another config's run unless `rerun_changed`,
   or for a run folder in use by another process (WorkdirLocked, naming it). With
   `hold`, each run folder's lock (`fedjax_mtl.workdir`) is taken into it before the
-  folder is read, so that no other run enters it while the comparison lasts."""
+  folder is read, so that no other run enters it while the comparison lasts.
+
+  `replicas`: a method's seeds run as one sweep (`config.sweep='seed=...'`, one
+  compiled program; OUT/NAME/seeds<S,...>, a sub-workdir per seed: `run_dirs`) where
+  a sweep can hold them (dense, synthetic data) and the seeds have not all finished
+  already as separate runs of the same config; else one run per seed."""
   from fedjax_mtl import validate  # imports jax
   plan, names = [], set()
   for item in run_args:
@@ -272,9 +269,15 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
     if name in names:
       raise ConfigError(f'--run {name!r} is given twice; each method needs its own name')
     names.add(name)
-    for seed in seeds:
+    swept = None
+    if replicas and not _finished_per_seed(spec, seeds, os.path.join(out, name)):
       try:
-        cfg = load_config(spec)
+        swept = _as_replicas(load_config(spec), seeds)
+      except ConfigError as e:
+        raise ConfigError(f'--run {name}: {e}') from None
+    for seed in seeds[:1] if swept is not None else seeds:
+      try:
+        cfg = load_config(spec) if swept is None else swept
       except ConfigError as e:
         raise ConfigError(f'--run {name}: {e}') from None
       cfg.seed = seed
@@ -285,7 +288,8 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
         validate.check_config(cfg)
       except ConfigError as e:
         raise ConfigError(f'--run {name}: {e}') from None
-      wd = os.path.join(out, name, f'seed{seed}')
+      wd = os.path.join(out, name, f'seed{seed}' if swept is None
+                        else 'seeds' + ','.join(map(str, seeds)))
       if hold is not None:
         hold.enter_context(workdir_lib.lock(wd))
       else:
@@ -297,16 +301,21 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
             f'{", ".join(diffs)}); --rerun_changed moves it aside and runs again')
       finished = os.path.exists(os.path.join(wd, 'results.csv'))
       action = 'replace' if diffs else 'reuse' if finished else 'run'
-      plan.append(Run(name, spec, seed, wd, cfg, action, diffs))
+      plan.append(Run(name, spec, seed, wd, cfg, action, diffs,
+                      tuple(seeds) if swept is not None else ()))
   return plan
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
-  """Adds --seeds, --rerun_changed and --xla_cache_dir to `p` (the flags every script
-  that plans runs with plan_runs shares)."""
+  """Adds --seeds, --no-replicas, --rerun_changed and --xla_cache_dir to `p` (the flags
+  every script that plans runs with plan_runs shares)."""
   p.add_argument('--seeds', default='0',
                  help='comma-separated training seeds (many-task runs: also split_seed, '
                       'the client split)')
+  p.add_argument('--no-replicas', dest='no_replicas', action='store_true',
+                 help="one run per seed; by default a method's seeds run as one sweep's "
+                      'replicas (one compiled program) where the setting allows it (dense, '
+                      'synthetic data)')
   p.add_argument('--rerun_changed', action='store_true',
                  help='a run folder holding a run of another config is moved to '
                       '<folder>.replaced-<n> and run again (default: stop with an error)')
@@ -333,11 +342,17 @@ def execute(run: Run) -> None:
       for name in os.listdir(run.workdir):
         if name != workdir_lib.LOCK_FILE:
           os.rename(os.path.join(run.workdir, name), os.path.join(old, name))
-    print(f'== {run.name} seed {run.seed}: config changed (fields: {", ".join(run.diffs)}); '
-          f'the old run is now {old}', flush=True)
+    print(f'== {run.name} {_seeds_text(run)}: config changed (fields: '
+          f'{", ".join(run.diffs)}); the old run is now {old}', flush=True)
   if run.action != 'reuse':
-    print(f'== {run.name} seed {run.seed}: {run.spec}', flush=True)
+    print(f'== {run.name} {_seeds_text(run)}: {run.spec}', flush=True)
     train.train_and_evaluate(run.config, run.workdir)
+
+
+def _seeds_text(run: Run) -> str:
+  if run.seeds:
+    return 'seeds ' + ','.join(map(str, run.seeds)) + ' (one program)'
+  return f'seed {run.seed}'
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -346,7 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
   `error:` line on stderr."""
   p = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', required=True, help='output folder: OUT/NAME/seed<S> per run, '
+  p.add_argument('--out', required=True, help='output folder: OUT/NAME/seeds<S,...> or '
+                 'OUT/NAME/seed<S> per run, '
                  'OUT/comparison.md and OUT/comparison.csv')
   p.add_argument('--run', action='append', required=True,
                  help='one method: NAME=CONFIG[:ARG] [field=value ...] (repeat per method)')
@@ -380,7 +396,8 @@ def _compare(a: argparse.Namespace) -> dict:
                         'runs: ' + ', '.join(sorted(names)))
     pairs[name] = ref
   with contextlib.ExitStack() as hold:  # every run folder's lock, for the whole comparison
-    return _run_plan(a, pairs, plan_runs(a.run, seeds, a.out, a.rerun_changed, hold))
+    return _run_plan(a, pairs, plan_runs(a.run, seeds, a.out, a.rerun_changed, hold,
+                                         replicas=not a.no_replicas))
 
 
 def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> dict:
@@ -394,14 +411,16 @@ def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> 
   bits: dict[str, list[float]] = {}
   for run in plan:
     execute(run)
-    results.setdefault(run.name, []).append(
-        (final_accuracy if many else final_metrics)(run.workdir))
-    if many:
-      bits.setdefault(run.name, []).append(bits_per_task(run.workdir))
-    seconds.setdefault(run.name, []).append(
-        report.seconds_per_round(os.path.join(run.workdir, 'timing.jsonl')))
+    # A sweep's round serves all its replicas: the seconds per round of one replica.
+    per_round = report.seconds_per_round(os.path.join(run.workdir, 'timing.jsonl'))
+    for _, wd in run_dirs(run):
+      results.setdefault(run.name, []).append(
+          (final_accuracy if many else report.final_metrics)(wd))
+      if many:
+        bits.setdefault(run.name, []).append(bits_per_task(wd))
+      seconds.setdefault(run.name, []).append(per_round / max(len(run.seeds), 1))
   md, csv_text = (many_task_table(results, a.reference, bits, seconds) if many
-                  else comparison_table(results, a.reference, seconds, pairs))
+                  else report.comparison_table(results, a.reference, seconds, pairs))
   os.makedirs(a.out, exist_ok=True)
   report.atomic_write(os.path.join(a.out, 'comparison.md'), md)
   report.atomic_write(os.path.join(a.out, 'comparison.csv'), csv_text)

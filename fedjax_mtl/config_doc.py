@@ -3,7 +3,8 @@
     python -m fedjax_mtl.config_doc configs/hca2.py[:arg]   # that config's fields
     python -m fedjax_mtl.config_doc                         # all fields, every block
 
-Prints `name = default  # meaning (valid range)` per field; the meanings and
+Prints `name = default  # meaning (valid range)` per field, `[sweepable]` after the
+fields a `config.sweep` may vary (`fields.Field.traced`); the meanings and
 ranges are the declarations the run is validated with (`validate.fields_table()`:
 the engine's `defaults.ENGINE` and every plug-in's block).
 """
@@ -109,6 +110,8 @@ def _line(name: str, value) -> str:
   if field is None:
     return f'{name} = {validate.show(value)}  # (undocumented)'
   extra = field.range_text(name.rsplit('.', 1)[-1])
+  if field.traced:
+    extra = (extra + ' ' if extra else '') + '[sweepable]'
   return f'{name} = {validate.show(value)}  # {field.meaning}' + (f' {extra}' if extra else '')
 
 

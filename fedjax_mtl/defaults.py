@@ -128,6 +128,9 @@ ENGINE: dict[str, Field] = {
     'scenario': Field('pascal_st_nyud_mt_1c', 'client layout (fedjax_mtl/scenarios.py '
                       'LAYOUTS), e.g. pascal_st_nyud_mt_1c'),
     'seed': Field(0, 'seed of parameter init and training randomness', SEED),
+    'sweep': Field('', "replicas of the whole federation in one compiled program: axes "
+                   "'name=v1,v2,...' joined by ';', their product (seed and the traced "
+                   "fields; fedjax_mtl/sweep.py), e.g. 'seed=0,1,2' ('' = one run)"),
     'tasks': Field('', "comma-separated subset of the scenario's tasks ('' = all)"),
     # numpy seed of the client partition (released code: 0)
     'split_seed': Field(0, 'numpy seed of the random client partition of the train sets', SEED),
@@ -145,7 +148,7 @@ ENGINE: dict[str, Field] = {
                                fraction()),
     'optim.reset_each_round': Field(False, 'a new optimizer state every round (MaT-FL) instead '
                                     "of each client's kept state"),
-    'optim.lr': Field(2e-3, 'peak learning rate of the local optimizer', above(0)),
+    'optim.lr': Field(2e-3, 'peak learning rate of the local optimizer', above(0), traced=True),
     'optim.weight_decay': Field(1e-4, 'weight decay (AdamW: decoupled; adam_amsgrad, sgd: L2 '
                                 'in the gradient)', at_least(0)),
     'optim.b1': Field(0.9, 'AdamW β1', unit()),

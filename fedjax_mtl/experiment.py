@@ -128,7 +128,10 @@ def build(config) -> Experiment:
 
   Cached per config (at most one experiment's buffers stay alive).
   """
-  key = json.dumps(run_fields(config, keep=('data.data_dir', 'data.cache_dir')), sort_keys=True)
+  # A sweep's replicas share the experiment of one run (`engines.replicas`).
+  key = run_fields(config, keep=('data.data_dir', 'data.cache_dir'))
+  key.pop('sweep', None)
+  key = json.dumps(key, sort_keys=True)
   if key not in _BUILT:
     _BUILT.clear()
     _BUILT[key] = _build(config)
@@ -325,7 +328,7 @@ class InitProgram:
   a multi-process run no cross-process check of host values)."""
 
   def __init__(self, exp: Experiment):
-    init = _init_fn(exp)
+    init = self.init_fn = _init_fn(exp)  # (unjitted: a sweep's replica programs vmap it)
     seed = jax.ShapeDtypeStruct((), jnp.uint32)
     rep, shard = exp.replicated, exp.client_sharding
     once = run_once_compiler_options()
@@ -341,6 +344,7 @@ class InitProgram:
               for (p, b), g in zip(pb, exp.fed.groups)]
       return _with_server(exp, _client_states(exp, pb), rnd, rng)
 
+    self.states_fn = states
     shapes = jax.eval_shape(states, pb, rnd, rng)
     # Shapes do not depend on the seed's value: traced once, here.
     self.param_shapes = (pb, rnd, rng)  # of `params(seed)`
@@ -376,23 +380,27 @@ def init_state(exp: Experiment, abstract: bool = False) -> FedState:
   client from keys folded with the client id.
   """
   program = exp.init_program
-  pretrained = exp.config.model.get('pretrained_path')
   if abstract:
     state = program.state_shapes
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         state, _state_shardings(exp, state))
-  enc = None
-  if pretrained:
-    params, stats = program.param_shapes[0][0]
-    like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
-    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), like)
-    enc = load_pretrained_encoder(pretrained, exp.encoder, one)  # one client's shapes
+  enc = pretrained_encoder(exp) if exp.config.model.get('pretrained_path') else None
   return program(jnp.asarray(exp.config.seed, jnp.uint32), enc)
 
 
-def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
+def pretrained_encoder(exp: Experiment) -> dict:
+  """One client's encoder weights from `model.pretrained_path`, checked against the
+  model (`load_pretrained_encoder`)."""
+  params, stats = exp.init_program.param_shapes[0][0]
+  like = {'params': params['encoder'], 'batch_stats': stats.get('encoder', {})}
+  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), like)
+  return load_pretrained_encoder(exp.config.model.pretrained_path, exp.encoder, one)
+
+
+def compile_programs(jobs: list[tuple[str, Any, tuple]], check=None) -> dict[str, float]:
   """Compile `(name, jitted, example args)` jobs, one after the other; returns the
-  seconds of each (the run logs them in timing.jsonl).
+  seconds of each (the run logs them in timing.jsonl). `check(name, compiled)`, when
+  given, sees each executable (`Engine.check_compiled`: its memory analysis).
 
   The executables land in each jitted function's cache, so the engine's calls
   do not compile again. Args may be `jax.ShapeDtypeStruct`s with the
@@ -405,8 +413,10 @@ def compile_programs(jobs: list[tuple[str, Any, tuple]]) -> dict[str, float]:
   out = {}
   for name, fn, args in jobs:
     t0 = time.perf_counter()
-    fn.lower(*args).compile()
+    compiled = fn.lower(*args).compile()
     out[name] = round(time.perf_counter() - t0, 2)
+    if check is not None:
+      check(name, compiled)
   return out
 
 

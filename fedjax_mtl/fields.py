@@ -20,9 +20,11 @@ This module depends on nothing of the package.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import ml_collections
 
@@ -68,6 +70,8 @@ class Field:
   `choices`: the valid values, or a callable returning them (for a registry that
   lives in a module the declaration does not import). `per_dataset`: a dict
   {dataset: value}, `rule` applying to each value. `mapping`: a free dict.
+  `traced`: the round programs read it while they are traced (`traced_value`), so
+  replicas of one program may hold different values of it (`config.sweep`).
   """
   default: Any
   meaning: str
@@ -75,6 +79,7 @@ class Field:
   choices: tuple | Callable[[], tuple] | None = None
   per_dataset: bool = False
   mapping: bool = False
+  traced: bool = False
 
   def valid_choices(self) -> tuple | None:
     """The valid values (None: any value of the type)."""
@@ -139,3 +144,27 @@ def nested(table: Mapping[str, Field]) -> ml_collections.ConfigDict:
       node = node.setdefault(p, {})
     node[last] = copy.deepcopy(field.default)
   return ml_collections.ConfigDict(root)
+
+
+# ---------------------------------------------------------------- traced fields
+
+_TRACED: contextvars.ContextVar = contextvars.ContextVar('fedjax_mtl_traced', default={})
+
+
+def traced_value(name: str, default):
+  """The value of the traced field `name` (`Field.traced`) in the program being traced:
+  a sweep replica's (a traced scalar, the program's input; `fedjax_mtl.sweep`) inside
+  `tracing`, else `default` (the config's value). Read it where the program is
+  traced, not when it is built."""
+  return _TRACED.get().get(name, default)
+
+
+@contextlib.contextmanager
+def tracing(values: dict) -> Iterator[None]:
+  """Trace with `values` ({dotted field name: traced scalar}) as the traced fields'
+  values (`traced_value`)."""
+  token = _TRACED.set({**_TRACED.get(), **values})
+  try:
+    yield
+  finally:
+    _TRACED.reset(token)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_mtl import tasks as tasks_lib
+from fedjax_mtl import fields, tasks as tasks_lib
 from fedjax_mtl.algorithms.base import Algorithm, ClientCtx
 from fedjax_mtl.federation import GroupSpec
 from fedjax_mtl.state import GroupState
@@ -98,7 +98,7 @@ def step_lrs(epoch_of_step: jax.Array, round_idx: jax.Array, optim_cfg,
   `epoch_lr` of the step's global local epoch; `'round_decay'` is MaT-FL's
   lr · decay^round, constant within a round (`optim.round_decay`, 0.99)."""
   if optim_cfg.get('schedule', 'cosine') == 'round_decay':
-    lr = optim_cfg.lr * jnp.power(jnp.float32(optim_cfg.get('round_decay', 0.99)),
+    lr = fields.traced_value('optim.lr', optim_cfg.lr) * jnp.power(jnp.float32(optim_cfg.get('round_decay', 0.99)),
                                   jnp.asarray(round_idx, jnp.float32))
     return jnp.broadcast_to(lr, jnp.shape(epoch_of_step)).astype(jnp.float32)
   return epoch_lr(epoch_of_step, optim_cfg, total_epochs)
@@ -121,7 +121,8 @@ def epoch_lr(epoch: jax.Array, optim_cfg, total_epochs: int | jax.Array) -> jax.
   warm-up start value.
   """
   t = jnp.maximum(epoch - 1, 0).astype(jnp.float32)
-  lr, lr0, lr_min = optim_cfg.lr, optim_cfg.warmup_lr_init, optim_cfg.min_lr
+  lr = fields.traced_value('optim.lr', optim_cfg.lr)  # traced in a sweep's replica
+  lr0, lr_min = optim_cfg.warmup_lr_init, optim_cfg.min_lr
   warm = float(optim_cfg.warmup_epochs)
   warm_lr = lr0 + t * (lr - lr0) / max(warm, 1.)
   if isinstance(total_epochs, int):

@@ -142,6 +142,69 @@ def results_table(method: str, eval_rows: list[dict],
   return md, buf.getvalue()
 
 
+def final_metrics(workdir: str) -> dict[str, float]:
+  """{'client/task metric': value} of the last evaluated round of a run."""
+  rows = final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
+  # metrics.jsonl writes a non-finite value as null: NaN here, '–' in the table.
+  return {f"{r['client']}/{r['task']} {r['metric']}":
+          float('nan') if r['value'] is None else r['value'] for r in rows}
+
+
+def column_lower_is_better(key: str) -> bool:
+  """Whether lower is better in a 'client/task metric' column of final_metrics."""
+  client_task, metric = key.rsplit(' ', 1)
+  return lower_is_better(client_task.rsplit('/', 1)[-1], metric)
+
+
+def mean_std(vals, digits: int = 2) -> str:
+  """mean ± std over seeds ('–' when any is not finite; no std for one seed)."""
+  vals = np.asarray(vals, np.float64)
+  if not np.isfinite(vals).all():
+    return '–'
+  mean = f'{vals.mean():.{digits}f}'
+  return mean if len(vals) == 1 else f'{mean} ± {vals.std():.{digits}f}'
+
+
+def comparison_table(results: dict[str, list[dict[str, float]]],
+                     reference: str, seconds: dict[str, list[float]] | None = None,
+                     pairs: dict[str, str] | None = None) -> tuple[str, str]:
+  """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm, then the
+  seconds per round when `seconds` (method -> per-seed values) is given.
+
+  Δm of a method is against `reference`, or against `pairs[method]` where given
+  (e.g. each +DEA row against its base, as FedDEA's tables report it)."""
+  from fedjax_mtl.metrics.delta_m import delta_m
+  cols = list(next(iter(results.values()))[0])
+  pairs = pairs or {}
+  md = io.StringIO()
+  arrows = [c + ('↓' if column_lower_is_better(c) else '↑') for c in cols]
+  extra = ' s/round |' if seconds else ''
+  dm_head = 'Δm (%) ↑ (vs)' if pairs else 'Δm (%) ↑'
+  md.write('| method | ' + ' | '.join(arrows) + f' | {dm_head} |' + extra + '\n')
+  md.write('|---' * (len(cols) + 2 + bool(seconds)) + '|\n')
+  buf = io.StringIO()
+  w = csv.writer(buf)
+  w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else []))
+
+  for name, runs in results.items():
+    per_col = [[r[c] for r in runs] for c in cols]
+    ref_name = pairs.get(name, reference)
+    ref_runs = results.get(ref_name)
+    if ref_runs is not None:
+      # Δm per seed against the reference run of the same seed.
+      dms = [delta_m(r, ref, lower_is_better=column_lower_is_better)
+             for r, ref in zip(runs, ref_runs)]
+    else:
+      dms = [float('nan')]
+    sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
+    dm_text = mean_std(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
+    md.write(f'| {name} | ' + ' | '.join(mean_std(v) for v in per_col) + f' | {dm_text} |'
+             + ''.join(sec) + '\n')
+    w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
+               + ([float(np.median(seconds[name]))] if seconds else []))
+  return md.getvalue(), buf.getvalue()
+
+
 # ---------------------------------------------------------------------------- plots
 
 _FONT = 7  # legend and tick font size: the plots hold many lines and long client names

@@ -191,21 +191,33 @@ def make_train_fns(exp: Experiment) -> list:
   `round_start` keeps its own copy of the start (`Experiment.start_axes`);
   otherwise its params are the start the aggregation reads, and are kept.
   """
-  cfg = exp.config
-  donate = (0,) if exp.start_axes is not None else ()
+  return [jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
+                  donate_argnums=train_donation(exp),
+                  compiler_options=train_compiler_options(exp.config))
+          for run in train_bodies(exp)]
 
-  def train_fn(g, trainer):
+
+def train_donation(exp: Experiment) -> tuple[int, ...]:
+  """The trainers' donated arguments (`make_train_fns`)."""
+  return (0,) if exp.start_axes is not None else ()
+
+
+def train_bodies(exp: Experiment) -> list:
+  """Per group: `make_train_fns`' function before it is jitted (a sweep's replica
+  programs vmap it)."""
+  cfg = exp.config
+
+  def body(g, trainer):
     def run(gs, start, data, rnd, state_rng, total):
       key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
       return trainer(gs, data, rnd, key, start, total)
-    return jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
-                   donate_argnums=donate, compiler_options=train_compiler_options(cfg))
+    return run
 
-  return [train_fn(g, local_training.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
-                                               cfg.num_rounds, exp.algorithm, lab,
-                                               start_axes(exp, g),
-                                               int(cfg.get('max_steps_per_round', 0)),
-                                               int(cfg.get('max_parallel_clients', 0))))
+  return [body(g, local_training.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
+                                                    cfg.num_rounds, exp.algorithm, lab,
+                                                    start_axes(exp, g),
+                                                    int(cfg.get('max_steps_per_round', 0)),
+                                                    int(cfg.get('max_parallel_clients', 0))))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
@@ -288,6 +300,12 @@ def make_agg_fn(exp: Experiment, streamed: bool = False):
   'steps', 'first_loss', 'last_loss'}. The outputs carry the round's
   `health` flags (non-finite losses, params, aggregation results).
   """
+  return jax.jit(agg_body(exp, streamed), donate_argnums=0,
+                 out_shardings=(state_shardings(exp), exp.replicated))
+
+
+def agg_body(exp: Experiment, streamed: bool = False):
+  """`make_agg_fn`'s function before it is jitted (a sweep's replica programs vmap it)."""
   def agg_fn(core: FedState, params, start, metrics):
     if streamed:
       metrics = [{'loss': a['loss_sum'] / jnp.maximum(a['steps'], 1)[:, None],
@@ -307,8 +325,7 @@ def make_agg_fn(exp: Experiment, streamed: bool = False):
     checks = health(metrics, params, written, (new_state.server, logs))
     return new_core, {'train': metrics, 'agg': logs, 'health': checks}
 
-  return jax.jit(agg_fn, donate_argnums=0,
-                 out_shardings=(state_shardings(exp), exp.replicated))
+  return agg_fn
 
 
 def agg_core(state: FedState) -> FedState:

@@ -24,12 +24,15 @@ def scalars(rows: list[dict], meta: dict | None = None) -> list[tuple[str, float
   Train rows give `train/<client>/<task>/loss`, eval rows `eval/<client>/<task>/<metric>`
   (`eval/<task>/<metric>` for rows without a client: the many-task setting's),
   agg rows `agg/alpha/<client>`, `agg/beta/<decoder>/<layer>` (names from the `meta` row,
-  indices without it) and `agg/<key>` for their other scalar fields.
+  indices without it) and `agg/<key>` for their other scalar fields. A sweep's rows
+  (`replica`) are tagged under their replica's label (`<label>/train/...`).
   """
   meta = meta or {}
+  labels = meta.get('replicas')
   out = []
   for r in rows:
     kind, rnd = r.get('type'), r.get('round', 0)
+    n = len(out)
     if kind == 'train':
       out.append((f"train/{r['client']}/{r['task']}/loss", r.get('loss'), rnd))
     elif kind == 'eval':  # the many-task setting's rows are per task (no client)
@@ -37,6 +40,9 @@ def scalars(rows: list[dict], meta: dict | None = None) -> list[tuple[str, float
       out.append((f"eval/{who}{r['task']}/{r['metric']}", r.get('value'), rnd))
     elif kind == 'agg':
       out += _agg_scalars(r, meta)
+    if 'replica' in r:
+      label = labels[r['replica']] if labels else f"replica{r['replica']}"
+      out[n:] = [(f'{label}/{t}', v, s) for t, v, s in out[n:]]
   return [(tag, v, int(rnd)) for tag, v, rnd in ((t, _value(v), s) for t, v, s in out)
           if v is not None]
 
@@ -55,7 +61,8 @@ def _agg_scalars(row: dict, meta: dict) -> list[tuple[str, object, int]]:
     out += [(f'agg/beta/{n}/{l}', b, rnd)
             for n, per_layer in zip(names, beta) for l, b in zip(layers, per_layer)]
   for key, v in row.items():
-    if key not in ('round', 'type', 'alpha', 'beta') and not isinstance(v, (list, tuple, dict)):
+    if (key not in ('round', 'type', 'alpha', 'beta', 'replica')
+        and not isinstance(v, (list, tuple, dict))):
       out.append((f'agg/{key}', v, rnd))
   return out
 

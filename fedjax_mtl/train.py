@@ -88,7 +88,7 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
                    jax.config.jax_compilation_cache_dir,
                    background=[name for name, _, _ in later])
     t = round0.started if round0.names else time.perf_counter()
-    compile_s = experiment.compile_programs(now)
+    compile_s = experiment.compile_programs(now, engine.check_compiled)
     compile_s.update(round0.wait())
     prog.compiled(compile_s, time.perf_counter() - t)  # wall: the first start to the last end
     background = experiment.BackgroundCompile(later)
@@ -107,9 +107,12 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
   # The reports' plotting library loads while the rounds run (joined when they end).
   plotting = report.import_plotting_in_background() if primary else None
   eval_rows, diverged, stopped = [], None, None
+  # SIGTERM / SIGINT are the loop's from before the first write: a signal that comes
+  # once anything is written stops the run after its next round, saved.
+  signals = preempt.Signals(start).__enter__()
   try:
     wd.begin(config, start, compile_s, engine.meta_rows())  # the first write
-    with prog, preempt.Signals(start) as signals:
+    with prog:
       for rnd in range(start + 1, total + 1):
         prog.round_start(rnd)
         state, out = engine.run_round(state, rnd, prog.step_callback())  # train -> aggregate
@@ -141,6 +144,7 @@ def run(engine: engines.Engine, path: str, stop_after: int | None = None) -> dic
         if stop_after is not None and rnd >= stop_after:
           return {'state': state, 'eval': eval_rows, 'interrupted': True}
   finally:
+    signals.__exit__(None, None, None)
     if plotting is not None:
       plotting.join()
     background.close()

@@ -26,6 +26,7 @@ import numbers
 import os
 from typing import Any, Mapping
 
+from fedjax_mtl import sweep
 from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.fields import Block, Field
 
@@ -195,19 +196,20 @@ def check_fields(config) -> None:
                         'fedjax_mtl.defaults.base_config()')
   engine = {n: v for n, v in values.items() if n.split('.')[0] not in plugins}
   for name, value in engine.items():
-    _check_field(name, value, table[name])
+    check_field(name, value, table[name])
   from fedjax_mtl import algorithms
   algorithms.check(config.algorithm)
   used = check_unused_blocks(config)
   for name, value in values.items():
     if name not in engine:
-      _check_field(name, value, table[name])
+      check_field(name, value, table[name])
   for name in used:
     if name in config and plugins[name].check is not None:
       plugins[name].check(plugins[name].of(config), config)
 
 
-def _check_field(name: str, value, field: Field) -> None:
+def check_field(name: str, value, field: Field) -> None:
+  """ConfigError (one line) unless `value` is of `field`'s type and in its range."""
   if field.per_dataset:
     from fedjax_mtl.tasks import DATASETS
     _check_type(name, value, field.default)
@@ -417,6 +419,13 @@ def check_config(config) -> None:
   check_fields(config)
   check_names(config)
   check_delta_m_reference(config)
+  sweep.check(config, sweep_of(config))
+
+
+def sweep_of(config) -> sweep.Sweep | None:
+  """`config.sweep` parsed against the declarations (None for one run); ConfigError
+  (one line) for a bad one (`sweep.parse`)."""
+  return sweep.parse(config.get('sweep', ''), fields_table())
 
 
 def check_run(config, workdir: str) -> None:

@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
     except ValueError:
       raise ConfigError('--seeds takes comma-separated integers') from None
     plan = compare.plan_runs(run_specs(methods, per_task, works, a.variant, a.set), seeds,
-                             a.out, a.rerun_changed)
+                             a.out, a.rerun_changed, replicas=not a.no_replicas)
     compare.use_xla_cache(a.xla_cache_dir)
   except ConfigError as e:
     print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
@@ -162,7 +162,7 @@ def main(argv=None) -> dict:
     if a.finished_only and run.action != 'reuse':
       continue
     compare.execute(run)
-    results.setdefault(run.name, []).append(curves(run.workdir))
+    results.setdefault(run.name, []).extend(curves(wd) for _, wd in compare.run_dirs(run))
   os.makedirs(a.out, exist_ok=True)
   md, csv = table(results)
   report.atomic_write(os.path.join(a.out, 'table1.md'), md)

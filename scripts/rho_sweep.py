@@ -4,7 +4,8 @@ base (ρ = 1, the base bit for bit) for each ρ, over seeds; plotted as rho_swee
     python scripts/rho_sweep.py --out=runs/feddea --seeds=0,1,2 \\
         --rhos=0.1,0.2,0.25,0.3,0.5,0.7,1.0
 
-Runs go to OUT/rho<ρ>/seed<S> (scripts/compare.py's layout and rules: a finished
+Runs go to OUT/rho<ρ>/seeds<S,...> (the seeds of one ρ as one sweep's replicas) or,
+with --no-replicas, OUT/rho<ρ>/seed<S> (scripts/compare.py's layout and rules: a finished
 run of the same config is read back, an interrupted one resumes, a folder holding
 another config's run stops the script unless --rerun_changed). Writes
 OUT/rho_sweep.png (Δm mean ± std over seeds against ρ), OUT/rho_sweep.md and .csv
@@ -21,7 +22,7 @@ import sys
 
 import numpy as np
 
-from fedjax_mtl import compare  # planning, final metrics
+from fedjax_mtl import compare  # planning
 from fedjax_mtl import report
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.metrics.delta_m import delta_m
@@ -80,7 +81,7 @@ def plot(rhos: list[float], dms: dict[float, list[float]], path: str, title: str
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', required=True, help='output folder (runs in OUT/rho<ρ>/seed<S>)')
+  p.add_argument('--out', required=True, help='output folder (runs in OUT/rho<ρ>/...)')
   p.add_argument('--config', default='configs/feddea.py',
                  help='CONFIG[:ARG] [field=value ...] of the DEA runs (its dea.rho is swept)')
   p.add_argument('--rhos', default='0.1,0.2,0.25,0.3,0.5,0.7,1.0',
@@ -106,7 +107,7 @@ def _sweep(a: argparse.Namespace) -> dict:
     raise ConfigError(f'--rhos: {bad[0]:g} is out of range; valid range: 0 < rho <= 1')
   compare.use_xla_cache(a.xla_cache_dir)
   runs = [f'rho{r:g}={a.config} dea.rho={r}' for r in rhos]
-  plan = compare.plan_runs(runs, seeds, a.out, a.rerun_changed)
+  plan = compare.plan_runs(runs, seeds, a.out, a.rerun_changed, replicas=not a.no_replicas)
   algorithm = plan[0].config.algorithm
   if not algorithm.startswith('dea('):
     raise ConfigError(f'--config runs {algorithm!r}; the sweep needs a dea(...) algorithm')
@@ -115,9 +116,10 @@ def _sweep(a: argparse.Namespace) -> dict:
   for run in plan:
     compare.execute(run)
     rho = float(run.config.dea.rho)
-    finals[rho].append(compare.final_metrics(run.workdir))
-    amp[rho].append(mean_amplification(run.workdir))
-  dms = {r: [delta_m(m, ref, lower_is_better=compare.column_lower_is_better)
+    for _, wd in compare.run_dirs(run):  # the run's seeds (a sweep's replicas)
+      finals[rho].append(report.final_metrics(wd))
+      amp[rho].append(mean_amplification(wd))
+  dms = {r: [delta_m(m, ref, lower_is_better=report.column_lower_is_better)
              for m, ref in zip(finals[r], finals[1.0])] for r in rhos}
   md, csv_text = sweep_table(rhos, dms, amp)
   os.makedirs(a.out, exist_ok=True)

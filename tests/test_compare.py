@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import snapshot
-from fedjax_mtl import compare
+from fedjax_mtl import compare, report
 from fedjax_mtl import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,9 +78,17 @@ def trained(monkeypatch):
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2))
-    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
-      rows = (many_rows({'mnist': 50.}) if compare.is_many_task(config) else eval_rows(50.))
-      f.write(''.join(json.dumps(r) + '\n' for r in rows))
+    rows = (many_rows({'mnist': 50.}) if compare.is_many_task(config) else eval_rows(50.))
+    subs = [workdir]
+    if config.get('sweep'):  # a sweep's replicas: seed s scores 50 + s
+      subs = [os.path.join(workdir, 'replicas', f'seed={s}')
+              for s in config.sweep.partition('=')[2].split(',')]
+    for sub in subs:
+      os.makedirs(sub, exist_ok=True)
+      bump = float(sub.rpartition('=')[2]) if sub != workdir else 0.
+      with open(os.path.join(sub, 'metrics.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps({**r, 'value': r['value'] + bump} if 'value' in r else r)
+                        + '\n' for r in rows))
     with open(os.path.join(workdir, 'results.csv'), 'w') as f:
       f.write('done\n')
     return {}
@@ -120,7 +128,7 @@ def test_a_changed_config_is_refused_before_anything_runs(tmp_path, trained, cap
   with pytest.raises(SystemExit) as e:
     # local (first) would run, fedavg seed 1 finished with 3 rounds: both refused.
     run_compare(tmp_path, f'local={LOCAL}', f'fedavg={FEDAVG} num_rounds=5 optim.lr=0.5',
-                extra=['--seeds', '0,1'])
+                extra=['--seeds', '0,1', '--no-replicas'])
   assert e.value.code == 2
   err = capsys.readouterr().err.splitlines()
   assert len(err) == 1 and err[0].startswith('error: '), err
@@ -144,6 +152,21 @@ def test_rerun_changed_moves_the_old_run_aside_and_runs_again(tmp_path, trained,
   run_compare(tmp_path, f'fedavg={FEDAVG} num_rounds=6', extra=['--rerun_changed'])
   assert len(trained) == 2 and snapshot(str(wd) + '.replaced-1') == old
   assert json.load(open(str(wd) + '.replaced-2/config.json'))["num_rounds"] == 5
+
+
+def test_a_dense_methods_seeds_run_as_one_sweep_unless_no_replicas(tmp_path, trained, capsys):
+  results = run_compare(tmp_path / 'r', f'fedavg={FEDAVG}', extra=['--seeds', '0,1'])
+  [(cfg, wd)] = trained
+  assert wd == str(tmp_path / 'r' / 'fedavg' / 'seeds0,1') and cfg.sweep == 'seed=0,1'
+  assert [r['c0/semseg mIoU'] for r in results['fedavg']] == [50., 51.]  # per replica
+  assert 'fedavg seeds 0,1 (one program)' in capsys.readouterr().out
+  run_compare(tmp_path / 'r', f'fedavg={FEDAVG}', extra=['--seeds', '0,1'])
+  assert len(trained) == 1  # the finished sweep is reused
+  run_compare(tmp_path / 'n', f'fedavg={FEDAVG}', extra=['--seeds', '0,1', '--no-replicas'])
+  run_compare(tmp_path / 'm', f'fedavg={FEDAVG8}', extra=['--seeds', '0,1'])
+  assert [w for _, w in trained[1:]] == [str(tmp_path / d / 'fedavg' / f'seed{s}')
+                                         for d in 'nm' for s in (0, 1)]
+  assert all(not c.get('sweep', '') for c, _ in trained[1:])  # many-task: one run per seed
 
 
 def test_fields_a_resumed_run_may_change_do_not_count(tmp_path, trained):
@@ -223,7 +246,7 @@ def test_command_line_error_has_no_traceback(tmp_path):
 def test_pairs_give_a_method_its_own_delta_m_reference():
   cols = lambda v: {'c0/semseg mIoU': v, 'c0/depth RMSE': 1.0}
   results = {'base': [cols(40.)], 'base+dea': [cols(44.)], 'other': [cols(20.)]}
-  md, csv_text = compare.comparison_table(results, 'other', pairs={'base+dea': 'base'})
+  md, csv_text = report.comparison_table(results, 'other', pairs={'base+dea': 'base'})
   rows = {line.split('|')[1].strip(): line for line in md.splitlines()[2:]}
   assert '5.00 (base)' in rows['base+dea']  # (44/40 - 1) / 2 tasks
   assert '50.00 (other)' in rows['base']

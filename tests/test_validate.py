@@ -114,6 +114,8 @@ def test_config_doc_command_prints_defaults_and_meanings(capsys):
   out = capsys.readouterr().out
   assert 'batch_size = 4  # training batch size of every client (batch_size >= 1)' in out
   assert "fedprox.mu = 0.01  # FedProx" in out and 'hca2.' not in out
+  assert "fedprox.mu = 0.01  # FedProx proximal coefficient μ (mu >= 0) [sweepable]" in out
+  assert 'batch_size >= 1) [sweepable]' not in out  # a structural field
   assert config_doc.main(['config_doc']) == 0
   out = capsys.readouterr().out
   assert 'hca2.alpha_init = 0.1  #' in out and 'matfl.th = 0.0  #' in out

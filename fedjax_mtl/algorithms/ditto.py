@@ -17,7 +17,7 @@ from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo
 
 CONFIG = fields.Block('ditto', {
     'lam': fields.Field(0.1, 'Ditto: pull λ of the personal model to the global one',
-                        fields.at_least(0)),
+                        fields.at_least(0), traced=True),
 }, reads=('fedavg',))
 
 
@@ -30,5 +30,6 @@ def build(info: FedInfo, config=None) -> Algorithm:
   cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
   client = Client(personal_model=True,
-                  personal_loss=fedprox.proximal_loss(cfg.lam, base.shared_roles))
+                  personal_loss=fedprox.proximal_loss(cfg.lam, base.shared_roles,
+                                                                'ditto.lam'))
   return Algorithm(name='ditto', client=client, server=base.server, roles=base.roles)

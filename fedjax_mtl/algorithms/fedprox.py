@@ -12,7 +12,7 @@ from fedjax_mtl.algorithms import fedavg
 from fedjax_mtl.algorithms.base import Algorithm, Client, ClientCtx, FedInfo, sq_dist
 
 CONFIG = fields.Block('fedprox', {
-    'mu': fields.Field(0.01, 'FedProx proximal coefficient μ', fields.at_least(0)),
+    'mu': fields.Field(0.01, 'FedProx proximal coefficient μ', fields.at_least(0), traced=True),
 }, reads=('fedavg',))
 
 
@@ -20,10 +20,12 @@ def default_config() -> ml_collections.ConfigDict:
   return CONFIG.config()
 
 
-def proximal_loss(mu: float, roles: tuple[str, ...]):
-  """`loss(ctx) = μ/2·‖θ − θ_start‖²` over the leaves of `roles`."""
+def proximal_loss(mu: float, roles: tuple[str, ...], field: str = ''):
+  """`loss(ctx) = μ/2·‖θ − θ_start‖²` over the leaves of `roles`; μ is `field`'s traced
+  value in a sweep's replica (`fields.traced_value`) when `field` names one."""
   def loss(ctx: ClientCtx):
-    return 0.5 * mu * sq_dist(ctx.params, ctx.start, ctx.labels, roles)
+    coef = fields.traced_value(field, mu) if field else mu
+    return 0.5 * coef * sq_dist(ctx.params, ctx.start, ctx.labels, roles)
   return loss
 
 
@@ -31,5 +33,5 @@ def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg's server; the client adds the proximal term."""
   cfg = CONFIG.of(config)
   base = fedavg.build(info, config)
-  client = Client(loss=proximal_loss(cfg.mu, base.shared_roles))
+  client = Client(loss=proximal_loss(cfg.mu, base.shared_roles, 'fedprox.mu'))
   return Algorithm(name='fedprox', client=client, server=base.server, roles=base.roles)

@@ -64,20 +64,27 @@ CONFIG = fields.Block('hca2', {
                                 'fedavg, none)', choices=ENCODER_RULES),
     'decoder_agg': fields.Field('cross_attention', 'FedHCA2 decoder aggregation (ablation: '
                                 'fedavg, none)', choices=DECODER_RULES),
-    'ca_c': fields.Field(0.4, 'FedHCA2 conflict-averse radius c', fields.unit()),
+    'ca_c': fields.Field(0.4, 'FedHCA2 conflict-averse radius c', fields.unit(), traced=True),
     'ca_rescale': fields.Field(True, 'FedHCA2: divide the conflict-averse update by 1 + c² '
                                '(released code)'),
     'homo': fields.Field(True, 'FedHCA2: average the updates of consecutive same-task clients '
                          '(released code)'),
     'alpha_init': fields.Field(0.1, 'FedHCA2: initial encoder weight α of every client',
-                               fields.unit(True)),
+                               fields.unit(True), traced=True),
     'beta_init': fields.Field(0.1, 'FedHCA2: initial decoder weight β of every decoder layer',
-                              fields.unit(True)),
-    'hyper_lr': fields.Field(1e-2, 'FedHCA2: learning rate of α and β', fields.at_least(0)),
-    'hyper_momentum': fields.Field(0.9, 'FedHCA2: SGD momentum of α and β', fields.unit()),
+                              fields.unit(True), traced=True),
+    'hyper_lr': fields.Field(1e-2, 'FedHCA2: learning rate of α and β', fields.at_least(0),
+                             traced=True),
+    'hyper_momentum': fields.Field(0.9, 'FedHCA2: SGD momentum of α and β', fields.unit(),
+                                   traced=True),
     'hyper_weight_decay': fields.Field(1e-4, 'FedHCA2: weight decay of α and β',
-                                       fields.at_least(0)),
+                                       fields.at_least(0), traced=True),
 })
+
+
+def _traced(cfg, name: str):
+  """`hca2.<name>`: the replica's value in a sweep (`fields.traced_value`), else the config's."""
+  return fields.traced_value(f'hca2.{name}', cfg[name])
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -170,11 +177,13 @@ def _layer_entropy(entropy: PyTree, layers: PyTree, num_layers: int) -> jax.Arra
 def _hyper_tx(cfg) -> optax.GradientTransformation:
   """torch SGD(momentum, weight_decay): coupled L2 before momentum. The
   hyper-parameters live in the optimizer state (inject_hyperparams), so sweeping
-  them reuses one compiled round."""
+  them reuses one compiled round: the state `init` makes holds a sweep replica's
+  values (built when the server's `init` is traced)."""
   return optax.chain(
-      optax.inject_hyperparams(optax.add_decayed_weights)(weight_decay=cfg.hyper_weight_decay),
-      optax.inject_hyperparams(optax.sgd)(learning_rate=cfg.hyper_lr,
-                                          momentum=cfg.hyper_momentum))
+      optax.inject_hyperparams(optax.add_decayed_weights)(
+          weight_decay=_traced(cfg, 'hyper_weight_decay')),
+      optax.inject_hyperparams(optax.sgd)(learning_rate=_traced(cfg, 'hyper_lr'),
+                                          momentum=_traced(cfg, 'hyper_momentum')))
 
 
 def _hyper_step(tx, w, opt, grad, on):
@@ -192,17 +201,19 @@ def conflict_averse_encoders(info: FedInfo, cfg) -> Server:
   homo_active = len(set(homo_ids)) < len(homo_ids)
 
   def init(views):
-    alpha = jnp.full((info.num_clients,), cfg.alpha_init, jnp.float32)
+    alpha = jnp.full((info.num_clients,), _traced(cfg, 'alpha_init'), jnp.float32)
     prev_u = jax.tree.map(lambda x: jnp.zeros(x.shape[1:], jnp.float32), views['encoder'])
-    return ServerState(shared={'alpha': alpha, 'alpha_opt': tx.init(alpha), 'prev_u': prev_u})
+    return ServerState(shared={'alpha': alpha, 'alpha_opt': _hyper_tx(cfg).init(alpha),
+                               'prev_u': prev_u})
 
   def apply(state: ServerState, x: ServerInputs):
     st = state.shared
     prev, local = x.prev['encoder'], x.local['encoder']  # Blocks: the groups' own arrays
     # The encoder deltas (N x 27.5M for Swin-T) are never materialised: the Gram
     # matrix and the α inner products <Ũ^(r-1), Δθ_i> share one read pass.
-    u, aux = hm.conflict_averse_from(local, prev, c=cfg.ca_c, rescale=cfg.ca_rescale,
-                                     probe=st['prev_u'], diagnostics=False)
+    u, aux = hm.conflict_averse_from(local, prev, c=_traced(cfg, 'ca_c'),
+                                     rescale=cfg.ca_rescale, probe=st['prev_u'],
+                                     diagnostics=False)
     g_alpha = hm.hyper_grad(aux['probe_dots'], st['alpha'])
     alpha, alpha_opt = _hyper_step(tx, st['alpha'], st['alpha_opt'], g_alpha, x.round >= 1)
     enc = personalize_encoders(prev, local, alpha, u, homo_ids if homo_active else None)
@@ -220,9 +231,10 @@ def cross_attention_decoders(info: FedInfo, cfg) -> Server:
   num_layers = len(info.decoder_layers)
 
   def init(views):
-    beta = jnp.full((info.num_decoders, num_layers), cfg.beta_init, jnp.float32)
+    beta = jnp.full((info.num_decoders, num_layers), _traced(cfg, 'beta_init'), jnp.float32)
     prev_a = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), views['decoder'])
-    return ServerState(shared={'beta': beta, 'beta_opt': tx.init(beta), 'prev_a': prev_a})
+    return ServerState(shared={'beta': beta, 'beta_opt': _hyper_tx(cfg).init(beta),
+                               'prev_a': prev_a})
 
   def apply(state: ServerState, x: ServerInputs):
     st = state.shared

@@ -44,6 +44,11 @@ class Engine(Protocol):
     """(name, jitted, example args) of a round's and an evaluation's programs, to
     compile before the first round (`state` may be abstract)."""
 
+  def check_compiled(self, name: str, compiled: Any) -> None:
+    """A compiled program of `programs_to_compile` (before anything is written):
+    ConfigError (one line) when the run cannot hold it (a sweep's replicas that will
+    not fit in memory)."""
+
   def run_round(self, state: Any, rnd: int,
                 progress: Callable[[int], None] | None = None) -> tuple[Any, dict]:
     """Round `rnd` (1-based): local training and aggregation; (new state, outputs)."""
@@ -76,6 +81,11 @@ def build(config) -> Engine:
   if config.get('setting', 'dense') == 'many_task':
     from fedjax_mtl.engines.many_task import ManyTaskEngine
     return ManyTaskEngine(config)
-  from fedjax_mtl import experiment
+  from fedjax_mtl import experiment, sweep, validate
+  swept = validate.sweep_of(config)
+  if swept is not None:
+    from fedjax_mtl.engines import replicas
+    sweep.check(config, swept)
+    return replicas.ReplicaEngine(experiment.build(config), config, swept)
   from fedjax_mtl.engines.dense import DenseEngine
   return DenseEngine(experiment.build(config), config)

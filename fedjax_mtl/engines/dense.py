@@ -197,10 +197,10 @@ class DenseEngine:
     self._ods_pool = None  # the odsF worker processes, started by the first odsF scoring
     self.label = f'{config.algorithm} {self.exp.fed.num_clients} clients'
     self.steps_per_round = sum(rounds.group_steps(self.exp))
-    self._linear = evaluates_linear(self.exp)
+    self.linear = evaluates_linear(self.exp)  # also evaluates the linearised models
     # Every eval record of a unified-model run carries its A1 decision.
     mode = unified_mode(config)
-    self._record = {} if mode == 'none' else {'unified': mode}
+    self.record = {} if mode == 'none' else {'unified': mode}
 
   # ---- state and data ---------------------------------------------------------------
 
@@ -264,6 +264,9 @@ class DenseEngine:
         jobs.append((f'evaluate {d}', p.eval_batch_fns[d],
                      (state.groups, batch, with_sharding(accs, exp.replicated))))
     return jobs
+
+  def check_compiled(self, name: str, compiled: Any) -> None:
+    """Nothing to check for one federation (`Engine.check_compiled`)."""
 
   # ---- a round ----------------------------------------------------------------------
 
@@ -350,10 +353,10 @@ class DenseEngine:
     clients evaluate, and with `evaluates_linear` the linear models' ('eval_linear'
     rows: NTKFedAvg's evaluation B, beside the model itself, A). Edge clients: odsF
     or the test loss as `eval_edge_ods` says for round `rnd`."""
-    rows = [{'round': rnd, 'type': 'eval', **r, **self._record}
+    rows = [{'round': rnd, 'type': 'eval', **r, **self.record}
             for r in self.metric_rows(state, rnd=rnd)]
-    if self._linear:
-      rows += [{'round': rnd, 'type': 'eval_linear', **r, **self._record}
+    if self.linear:
+      rows += [{'round': rnd, 'type': 'eval_linear', **r, **self.record}
                for r in self.metric_rows(state, linear=True)]
     return rows
 
@@ -364,7 +367,10 @@ class DenseEngine:
     pass's edge maps) when `eval_edge_ods` scores round `rnd` (None: a state after
     the rounds, scored as the final round's). `linear`: of the linear models (edge as
     its loss)."""
-    stats, edges = self.eval_outputs(state, linear, rnd)
+    return self.rows_of(*self.eval_outputs(state, linear, rnd))
+
+  def rows_of(self, stats: list, edges: list) -> list[dict]:
+    """Metrics rows from `eval_outputs`' pooled statistics and odsF rows."""
     rows = []
     for spec, st, ods in zip(self.exp.fed.groups, stats, edges):
       group_rows = evaluation.finalize_group(spec, st, self.exp.fed.clients)
@@ -404,6 +410,12 @@ class DenseEngine:
       return self._streamed_eval(state, linear, rnd)
     p = self.programs
     out = (p.eval_fn_linear if linear else p.eval_fn)(state.groups, self.source.test)
+    return self.score_outputs(out, linear, rnd)
+
+  def score_outputs(self, out: list, linear: bool = False,
+                    rnd: int | None = None) -> tuple[list, list]:
+    """`eval_outputs` from the in-memory evaluation program's outputs `out` (per group:
+    test statistics, edge probabilities)."""
     edge_scores = [None] * len(out) if linear else self._edge_scores(rnd)
     # The edge probabilities only come to the host for odsF.
     out = distributed.host_get([(st, None if scores is None else probs)

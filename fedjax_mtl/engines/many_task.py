@@ -77,6 +77,9 @@ class ManyTaskEngine:
     """None of its own: the round-0 state is made by `run_lib.init_state`'s calls."""
     return []
 
+  def check_compiled(self, name: str, compiled: Any) -> None:
+    """Nothing to check for one federation (`Engine.check_compiled`)."""
+
   def programs_to_compile(self, state) -> list[tuple[str, Any, tuple]]:
     """(name, jitted, args) of the round and evaluation programs (`state` may be
     abstract; the round's data are the first round's real feed)."""

@@ -1,0 +1,81 @@
+"""Sweeps (`--only=replicas`): the seeds of one config as separate runs against one
+sweep's replicas (`config.sweep='seed=...'`, one compiled program), each a cold
+`python -m fedjax_mtl.main` process (no compilation cache) one after the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks.common import ROOT
+
+
+def _run(config: str, workdir: str, extra: list[str]) -> tuple[float, list[dict]]:
+  """(wall seconds, timing.jsonl rows) of one cold run."""
+  cmd = [sys.executable, '-m', 'fedjax_mtl.main', f'--config={config}', f'--workdir={workdir}',
+         '--xla_cache_dir=none', '--config.progress=false', *extra]
+  t = time.perf_counter()
+  p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  wall = time.perf_counter() - t
+  if p.returncode:
+    raise RuntimeError(f'{" ".join(cmd)} failed: {p.stderr[-2000:]}')
+  with open(os.path.join(workdir, 'timing.jsonl')) as f:
+    return wall, [json.loads(line) for line in f]
+
+
+def _steady(rows: list[dict]) -> float:
+  """Median seconds of the rounds after the first without evaluation."""
+  return float(np.median([r['seconds'] for r in rows
+                          if r.get('round', 0) > 1 and 'seconds' in r and not r['eval']]))
+
+
+def _finals(workdir: str) -> dict:
+  from fedjax_mtl import report
+  return report.final_metrics(workdir)
+
+
+def bench_replicas(config: str = 'configs/hca2.py', seeds: tuple[int, ...] = (0, 1, 2)) -> dict:
+  """Wall seconds of `seeds` as separate cold runs (summed) and as one cold sweep; the
+  rounds' throughput per replica (a single run's steady round seconds over the
+  sweep's divided by R); compile seconds of both; and how far a replica's final
+  metrics are from its separate run's, in units of the seeds' spread."""
+  out: dict = {'config': config, 'replicas': len(seeds)}
+  with tempfile.TemporaryDirectory() as tmp:
+    walls, single_rounds, sep_dirs = [], [], []
+    for s in seeds:
+      wd = os.path.join(tmp, f'seed{s}')
+      wall, rows = _run(config, wd, [f'--config.seed={s}'])
+      walls.append(wall)
+      single_rounds.append(_steady(rows))
+      sep_dirs.append(wd)
+      out.setdefault('separate_compile_s', rows[0]['compile_s'])
+    sweep_wd = os.path.join(tmp, 'sweep')
+    sweep = 'seed=' + ','.join(map(str, seeds))
+    wall, rows = _run(config, sweep_wd, [f'--config.sweep={sweep}'])
+    out['separate_runs_wall_s'] = [round(w, 1) for w in walls]
+    out['separate_wall_s'] = round(sum(walls), 1)
+    out['sweep_wall_s'] = round(wall, 1)
+    out['sweep_over_separate'] = round(wall / sum(walls), 3)
+    out['sweep_compile_s'] = rows[0]['compile_s']
+    out['single_round_s'] = round(float(np.median(single_rounds)), 3)
+    out['sweep_round_s'] = round(_steady(rows), 3)
+    out['throughput_per_replica'] = round(
+        out['single_round_s'] * len(seeds) / out['sweep_round_s'], 3)
+    # Each final metric of a replica against its separate run, in units of that
+    # metric's spread (std) over the separate runs' seeds.
+    theirs = [_finals(wd) for wd in sep_dirs]
+    mine = [_finals(os.path.join(sweep_wd, 'replicas', f'seed={s}')) for s in seeds]
+    ratios = {k: max(abs(m[k] - t[k]) for m, t in zip(mine, theirs))
+              / max(float(np.std([t[k] for t in theirs])), 1e-12) for k in theirs[0]}
+    worst = max(ratios, key=ratios.get)
+    out['final_metric_diff_over_seed_std'] = {'max': round(ratios[worst], 3), 'metric': worst,
+                                              'median': round(float(np.median(
+                                                  list(ratios.values()))), 3)}
+  return out

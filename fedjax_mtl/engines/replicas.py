@@ -1,0 +1,367 @@
+"""A sweep's replicas of the dense engine as one compiled program (`config.sweep`).
+
+R replicas of the whole federation (`fedjax_mtl.sweep`: seeds and traced field
+values) share one experiment. Every leaf of the state gets a leading replica axis
+(unsharded; the client axis behind it stays sharded over the devices), and each of
+the round's programs is the single run's function vmapped over it: one local
+training program per client group, one aggregation, one evaluation, compiled
+once for all replicas. The traced fields' values enter the trainers and the
+aggregation as a [R] input per field (`fields.tracing`).
+
+Records: every metrics.jsonl row of the run's workdir carries `replica` (its
+index; the meta row lists `replicas`, their labels). When the run ends, each
+replica gets a sub-workdir `replicas/<label>` with what a separate run writes
+(config.json, metrics.jsonl, results.md / .csv, curves.png) and the workdir gets
+the combined table `results.md` / `results.csv`: one row per point of the
+non-seed axes, mean ± std over the seeds.
+
+A non-finite round in any replica stops the whole run, naming the replica (its
+seed and values), the client and what went non-finite, and is not saved, as in a
+single run: the replicas share one state and one checkpoint, so they advance
+together.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from fedjax_mtl import (distributed, evaluation, experiment, fields, hostmem, report, rounds,
+                        sweep as sweep_lib)
+from fedjax_mtl.engines.dense import DenseEngine, divergence, programs as dense_programs
+from fedjax_mtl.errors import ConfigError
+from fedjax_mtl.experiment import Experiment, per_experiment
+from fedjax_mtl.state import FedState
+
+PyTree = Any
+
+
+def lifted(sharding):
+  """`sharding` of one replica's array -> that of the replicas' stacked array (a
+  leading unsharded axis)."""
+  return NamedSharding(sharding.mesh, P(None, *sharding.spec))
+
+
+def lift_abstract(tree: PyTree, r: int) -> PyTree:
+  """One replica's ShapeDtypeStructs (with shardings) -> the stacked ones of `r`."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct((r,) + tuple(x.shape), x.dtype,
+                                                     sharding=lifted(x.sharding)), tree)
+
+
+class ReplicaPrograms:
+  """The round's programs over a leading replica axis, each built on first use."""
+
+  def __init__(self, exp: Experiment):
+    self.exp = exp
+    self.single = dense_programs(exp)
+    self.client = lifted(exp.client_sharding)
+    self.rep = exp.replicated
+
+  def state_shardings(self) -> FedState:
+    """The stacked state's shardings (a prefix tree, as `rounds.state_shardings`)."""
+    return FedState(round=self.rep, rng=self.rep, groups=[self.client] * len(self.exp.fed.groups),
+                    server=self.rep)
+
+  @functools.cached_property
+  def train_fns(self) -> list:
+    """Per group: `(values, gstate, start, data, round, rng, total) -> (gstate, metrics)`."""
+    exp = self.exp
+
+    def replica(body):
+      def run(values, gs, start, data, rnd, rng, total):
+        with fields.tracing(values):
+          return body(gs, start, data, rnd, rng, total)
+      return jax.jit(jax.vmap(run, in_axes=(0, 0, 0, None, 0, 0, None)),
+                     out_shardings=(self.client, self.client),
+                     donate_argnums=tuple(i + 1 for i in rounds.train_donation(exp)),
+                     compiler_options=experiment.train_compiler_options(exp.config))
+
+    return [replica(body) for body in rounds.train_bodies(exp)]
+
+  @functools.cached_property
+  def agg_fn(self):
+    """`(values, core, params, start, metrics) -> (core, outputs)` (`rounds.make_agg_fn`)."""
+    body = rounds.agg_body(self.exp)
+
+    def run(values, core, params, start, metrics):
+      with fields.tracing(values):
+        return body(core, params, start, metrics)
+
+    return jax.jit(jax.vmap(run), donate_argnums=1,
+                   out_shardings=(self.state_shardings(), self.rep))
+
+  @functools.cached_property
+  def begin(self):
+    """The client part's `begin` of every replica, or None (`rounds.make_begin`)."""
+    fn = self.single.begin
+    return None if fn is None else jax.jit(jax.vmap(fn), out_shardings=self.client)
+
+  @functools.cached_property
+  def round_start(self):
+    """The replicas' round-start copies, or None (`rounds.make_round_start`)."""
+    fn = self.single.round_start
+    if fn is None:
+      return None
+    outs = [jax.tree.map(lambda ax: self.rep if ax is None else self.client, ax,
+                         is_leaf=lambda x: x is None) for ax in self.exp.start_axes]
+    return jax.jit(jax.vmap(fn), out_shardings=outs)
+
+  @functools.cached_property
+  def stats_fn(self):
+    """The batch-norm statistics' average per replica, or None (`rounds.make_stats_fn`)."""
+    fn = self.single.stats_fn
+    return None if fn is None else jax.jit(jax.vmap(fn), donate_argnums=0,
+                                           out_shardings=self.client)
+
+  def eval_fn(self, linear: bool = False):
+    """Every replica's evaluation on the (shared) in-memory test splits."""
+    return self._eval_fns[linear]
+
+  @functools.cached_property
+  def _eval_fns(self) -> dict:
+    return {lin: jax.jit(jax.vmap(self.single.eval_fn_linear if lin else self.single.eval_fn,
+                                  in_axes=(0, None)))
+            for lin in (False, True)}
+
+  @functools.cached_property
+  def init(self):
+    """`(values, seeds [R], pretrained encoder or None) -> stacked round-0 state`: each
+    replica's `experiment.InitProgram` of its seed, with its traced values (the server's
+    initial state may read them: FedHCA2's α, β and their optimizer)."""
+    program = self.exp.init_program
+
+    def run(values, seeds, enc):
+      def one(args):
+        with fields.tracing(args[0]):
+          return program.states_fn(*program.init_fn(args[1]), enc)
+      # A loop, not vmap: the parameters' 'rbg' PRNG draws other bits when batched, and
+      # each replica must start where the separate run of its seed starts.
+      return jax.lax.map(one, (values, seeds))
+
+    return jax.jit(run, out_shardings=self.state_shardings(),
+                   compiler_options=experiment.run_once_compiler_options())
+
+
+replica_programs = per_experiment(ReplicaPrograms)
+
+
+def _expand(prefix: PyTree, tree: PyTree) -> PyTree:
+  """The sharding prefix tree `prefix` expanded to one sharding per leaf of `tree`."""
+  return jax.tree.map(lambda s, t: jax.tree.map(lambda _: s, t), prefix, tree,
+                      is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
+def nbytes(tree: PyTree) -> int:
+  """Bytes of every array (or ShapeDtypeStruct) in `tree`."""
+  return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def device_memory_bytes(device) -> int:
+  """The memory a program may use on `device`: its allocator's limit (GPU, TPU), else
+  the host's physical memory (CPU)."""
+  stats = device.memory_stats() if hasattr(device, 'memory_stats') else None
+  if stats and stats.get('bytes_limit'):
+    return int(stats['bytes_limit'])
+  return hostmem.host_memory_bytes()
+
+
+class ReplicaEngine(DenseEngine):
+  """The dense engine over a sweep's replicas (see the module's docstring)."""
+
+  def __init__(self, exp: Experiment, config, sweep: sweep_lib.Sweep):
+    super().__init__(exp, config)
+    self.sweep = sweep
+    self.num_replicas = sweep.size
+    self.label += f' x{self.num_replicas} replicas'
+    self.replica_programs = replica_programs(exp)
+    names = sorted({k for r in range(sweep.size) for k in sweep.traced(r)})
+    self._values = {k: jax.device_put(jnp.asarray([float(sweep.traced(r)[k])
+                                                   for r in range(sweep.size)], jnp.float32),
+                                      exp.replicated)
+                    for k in names}
+
+  # ---- state ------------------------------------------------------------------------
+
+  def _init_args(self, abstract: bool = False) -> tuple:
+    """The replica init program's arguments: traced values, seeds, pretrained encoder."""
+    seeds = jnp.asarray([self.sweep.seed(self.config, r) for r in range(self.num_replicas)],
+                        jnp.uint32)
+    if abstract:
+      on = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.exp.replicated)
+      return jax.tree.map(on, self._values), on(seeds), None
+    enc = None
+    if self.config.model.get('pretrained_path'):
+      enc = experiment.pretrained_encoder(self.exp)
+    return self._values, jax.device_put(seeds, self.exp.replicated), enc
+
+  def abstract_state(self) -> FedState:
+    """The stacked round-0 state's shapes and shardings."""
+    return self._abstract
+
+  @functools.cached_property
+  def _abstract(self) -> FedState:
+    shapes = jax.eval_shape(self.replica_programs.init, *self._init_args(abstract=True))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        shapes, _expand(self.replica_programs.state_shardings(), shapes))
+
+  def init_state(self) -> FedState:
+    """Every replica's round-0 state (its seed and traced values), stacked on the mesh."""
+    return self.replica_programs.init(*self._init_args())
+
+  def round0_programs(self) -> list[tuple[str, Any, tuple]]:
+    """The replicas' init program (none for a pretrained encoder: it takes the weights)."""
+    if self.config.model.get('pretrained_path'):
+      return []
+    return [(f'init x{self.num_replicas} replicas', self.replica_programs.init,
+             self._init_args(abstract=True))]
+
+  def programs_to_compile(self, state: FedState) -> list[tuple[str, Any, tuple]]:
+    """The replicas' trainers, aggregation and evaluation (`state` may be abstract)."""
+    exp, v, r = self.exp, self.replica_programs, self.num_replicas
+    state = self.abstract_state()
+    start = lift_abstract(rounds.abstract_round_start(
+        exp, [gs.params for gs in super().abstract_state().groups]), r)
+    values = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+              for k, x in self._values.items()}
+    jobs, metrics = [], []
+    for g, (spec, fn) in enumerate(zip(exp.fed.groups, v.train_fns)):
+      args = (values, state.groups[g], start[g], self.source.train[spec.dataset]['train'],
+              state.round, state.rng, rounds.num_rounds(exp))
+      jobs.append((f'train {spec.dataset} x{spec.num_real} x{r} replicas', fn, args))
+      metrics.append(jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=v.client),
+          jax.eval_shape(fn, *args)[1]))
+    params = [gs.params for gs in state.groups]
+    jobs.append(('aggregate', v.agg_fn, (values, rounds.agg_core(state), params, start, metrics)))
+    jobs.append(('evaluate', v.eval_fn(), (state.groups, self.source.test)))
+    return jobs
+
+  def check_compiled(self, name: str, compiled: Any) -> None:
+    """ConfigError (one line) when the replicas will not fit in a device's memory
+    while `compiled` runs: the whole stacked state and the data resident, plus the
+    program's temporaries and new outputs (XLA's memory analysis), against the
+    device's memory (the host's on CPU); the line gives the largest R that fits,
+    taking everything but the data as proportional to R."""
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+      return
+    devices = self.exp.mesh.size
+    state = nbytes(self.abstract_state()) / devices
+    data = nbytes((self.source.train, self.source.test))
+    program = (analysis.temp_size_in_bytes + analysis.output_size_in_bytes
+               - analysis.alias_size_in_bytes)
+    need = state + data + program
+    limit = 0.9 * device_memory_bytes(self.exp.mesh.devices.flat[0])
+    if need <= limit:
+      return
+    r = self.num_replicas
+    fits = max(0, int((limit - data) // ((need - data) / r)))
+    raise ConfigError(
+        f'config.sweep: {r} replicas need about {need / 2**30:.1f} GiB per device while '
+        f'{name!r} runs (state, data and the program\'s own buffers; XLA memory analysis) '
+        f'but {limit / 2**30:.1f} GiB are usable; at most R = {fits} fits')
+
+  # ---- a round ----------------------------------------------------------------------
+
+  def run_round(self, state: FedState, rnd: int,
+                progress: Callable[[int], None] | None = None) -> tuple[FedState, dict]:
+    """Round `rnd` of every replica (`DenseEngine.run_round`, in memory)."""
+    v, exp = self.replica_programs, self.exp
+    state = rounds.begin_round(v.begin, state)
+    start = rounds.round_start(v.round_start, [gs.params for gs in state.groups])
+    groups, metrics = [], []
+    steps = rounds.group_steps(exp)
+    for g, (spec, fn) in enumerate(zip(exp.fed.groups, v.train_fns)):
+      gs, m = fn(self._values, state.groups[g], start[g], self.source.train[spec.dataset]['train'],
+                 state.round, state.rng, rounds.num_rounds(exp))
+      groups.append(gs)
+      metrics.append(m)
+      if progress is not None:
+        jax.block_until_ready(m['steps'])
+        progress(steps[g])
+    return rounds.aggregate(functools.partial(v.agg_fn, self._values),
+                            state.replace(groups=groups), start, metrics, v.stats_fn)
+
+  def replica_out(self, out: PyTree, r: int) -> PyTree:
+    """Replica `r`'s part of host outputs (a round's, an evaluation's)."""
+    return jax.tree.map(lambda x: x[r], out)
+
+  def divergence(self, rnd: int, out: dict) -> str | None:
+    """The first replica's non-finite round, named with its seed and values."""
+    for r in range(self.num_replicas):
+      line = divergence(self.exp, rnd, self.replica_out(out, r)['health'])
+      if line:  # 'round 3: ...' -> 'round 3, replica 1 (seed=1): ...'
+        head, _, rest = line.partition(': ')
+        return f'{head}, replica {r} ({self.sweep.label(r)}): {rest}'
+    return None
+
+  def round_rows(self, rnd: int, out: dict) -> list[dict]:
+    one = super().round_rows  # (not callable as super() inside the comprehension)
+    return [{**row, 'replica': r} for r in range(self.num_replicas)
+            for row in one(rnd, self.replica_out(out, r))]
+
+  def meta_rows(self) -> list[dict]:
+    labels = [self.sweep.label(r) for r in range(self.num_replicas)]
+    return [{**row, 'replicas': labels} for row in super().meta_rows()]
+
+  # ---- evaluation -------------------------------------------------------------------
+
+  def evaluate(self, state: FedState, rnd: int) -> list[dict]:
+    """Every replica's eval rows (`DenseEngine.evaluate`), each with its `replica`."""
+    rows = []
+    kinds = [('eval', False)] + ([('eval_linear', True)] if self.linear else [])
+    for kind, linear in kinds:
+      out = self.replica_programs.eval_fn(linear)(state.groups, self.source.test)
+      # One transfer for all replicas; the edge maps only for odsF.
+      probs = not linear and evaluation.scores_edge_ods(self.config, rnd)
+      out = distributed.host_get([(st, p if probs else None) for st, p in out])
+      for r in range(self.num_replicas):
+        stats, edges = self.score_outputs(self.replica_out(out, r), linear,
+                                          None if linear else rnd)
+        rows += [{'round': rnd, 'type': kind, **row, **self.record, 'replica': r}
+                 for row in self.rows_of(stats, edges)]
+    return rows
+
+  # ---- records ----------------------------------------------------------------------
+
+  def replica_dir(self, workdir: str, r: int) -> str:
+    """Replica `r`'s sub-workdir."""
+    return os.path.join(workdir, 'replicas', self.sweep.label(r))
+
+  def write_reports(self, rows: list[dict], final: list[dict], workdir: str) -> None:
+    """Each replica's sub-workdir (what its separate run writes) and the combined
+    table (results.md / .csv)."""
+    meta = [{k: v for k, v in r.items() if k != 'replicas'} for r in rows if r['type'] == 'meta']
+    finals = {}
+    for r in range(self.num_replicas):
+      sub = self.replica_dir(workdir, r)
+      os.makedirs(sub, exist_ok=True)
+      mine = meta + [{k: v for k, v in row.items() if k != 'replica'}
+                     for row in rows if row.get('replica') == r]
+      report.atomic_write(os.path.join(sub, 'metrics.jsonl'),
+                          ''.join(report.json_line(row) for row in mine))
+      report.atomic_write(os.path.join(sub, 'config.json'),
+                          self.sweep.config_of(self.config, r).to_json_best_effort(indent=2))
+      last = [{k: v for k, v in row.items() if k != 'replica'}
+              for row in final if row.get('replica') == r and row['type'] == 'eval']
+      super().write_reports(mine, last, sub)
+      finals[r] = report.final_metrics(sub)
+    md, csv_text = self.combined_table(finals)
+    report.atomic_write(os.path.join(workdir, 'results.md'), md)
+    report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
+
+  def combined_table(self, finals: dict[int, dict[str, float]]) -> tuple[str, str]:
+    """One row per point of the non-seed axes (mean ± std over the seeds), as
+    `report.comparison_table` (Δm against the first point's row)."""
+    points: dict[str, list[dict[str, float]]] = {}
+    for r in range(self.num_replicas):
+      point = {k: v for k, v in self.sweep.points[r].items() if k != 'seed'}
+      name = ','.join(f'{k}={v:g}' for k, v in point.items()) or self.config.algorithm
+      points.setdefault(name, []).append(finals[r])
+    return report.comparison_table(points, reference=next(iter(points)))

@@ -1,0 +1,146 @@
+"""Sweeps: R replicas of the whole federation in one compiled program.
+
+`config.sweep` names the replicas: axes separated by ';', each `name=v1,v2,...`,
+the replicas being their product (the first axis varies slowest):
+
+    --config.sweep='seed=0,1,2'                          3 replicas
+    --config.sweep='optim.lr=1e-3,3e-3;seed=0,1,2'       6 replicas
+
+A replica is a complete federation with its own values: `seed` (its
+initialisation, training randomness and data order) and any *traced* field (a
+field declared with `traced=True`: a value the round programs read while they are
+traced, so one program serves every value). Everything else (model, scenario,
+algorithm, data) is structural: one program cannot hold two of them, and a sweep
+over it is refused with one line naming it.
+
+A traced field is read through `fields.traced_value(name, default)` inside the
+programs: in a replica program it is that replica's value (a traced scalar, the
+program's input), anywhere else the config's value (`default`). The replica
+programs enter `fields.tracing` with their values (`engines.replicas`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+from fedjax_mtl import fields
+from fedjax_mtl.errors import ConfigError
+
+def traced_fields(table: dict[str, fields.Field]) -> dict[str, fields.Field]:
+  """{dotted name: Field} of the fields of `table` a sweep may vary besides `seed`."""
+  return {n: f for n, f in table.items() if f.traced}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """The replicas of a run: `axes` = ((name, values), ...) in the config's order;
+  `points` = one {name: value} per replica (their product, first axis slowest)."""
+  axes: tuple[tuple[str, tuple], ...]
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return tuple(n for n, _ in self.axes)
+
+  @property
+  def points(self) -> list[dict[str, Any]]:
+    return [dict(zip(self.names, vs)) for vs in itertools.product(*(v for _, v in self.axes))]
+
+  @property
+  def size(self) -> int:
+    return math.prod(len(v) for _, v in self.axes)
+
+  def seed(self, config, r: int) -> int:
+    """Replica `r`'s seed (`config.seed` when the sweep has no seed axis)."""
+    point = self.points[r]
+    return int(point['seed'] if 'seed' in point else config.seed)
+
+  def traced(self, r: int) -> dict[str, Any]:
+    """Replica `r`'s values of the traced fields."""
+    return {k: v for k, v in self.points[r].items() if k != 'seed'}
+
+  def label(self, r: int) -> str:
+    """'seed=1,optim.lr=0.003': what replica `r` is (its sub-workdir's name)."""
+    return ','.join(f'{k}={_show(v)}' for k, v in self.points[r].items())
+
+  def config_of(self, config, r: int):
+    """The config of a separate run equal to replica `r` (no sweep)."""
+    c = config.copy_and_resolve_references()
+    with c.unlocked():
+      for k, v in self.points[r].items():
+        *parents, last = k.split('.')
+        node = c
+        for p in parents:
+          node = node[p]
+        node[last] = v
+      c.sweep = ''
+    return c
+
+
+def _show(v) -> str:
+  return repr(v) if isinstance(v, str) else f'{v:g}' if isinstance(v, float) else str(v)
+
+
+def _parse_value(name: str, text: str, field: fields.Field):
+  """One value of axis `name` as the field's type, in its range."""
+  integer = isinstance(field.default, int) and not isinstance(field.default, bool)
+  try:
+    v = int(text) if integer else float(text)
+  except ValueError:
+    raise ConfigError(f'sweep value {text!r} of {name} is not '
+                      + ('an integer' if integer else 'a number')) from None
+  if field.rule is not None and not field.rule.ok(v):
+    raise ConfigError(f'sweep value {text} of {name} is out of range; valid range: '
+                      + field.rule.text.format(name=name.rsplit('.', 1)[-1]))
+  return v
+
+
+def parse(text: str, table: dict[str, fields.Field]) -> Sweep | None:
+  """The `config.sweep` string as a Sweep (None for ''), its fields looked up in `table`
+  (every declared field: `validate.fields_table()`; `validate.sweep_of(config)` is
+  this for a config); ConfigError (one line) for a malformed axis, a field that is
+  unknown or structural, a value out of range, or a field named twice."""
+  text = (text or '').strip()
+  if not text:
+    return None
+  sweepable = ['seed'] + sorted(traced_fields(table))
+  axes, seen = [], set()
+  for part in text.split(';'):
+    name, eq, values = part.partition('=')
+    name = name.strip()
+    if not eq or not name or not values.strip():
+      raise ConfigError(f"sweep axis {part.strip()!r} is not name=v1,v2,...; e.g. "
+                        "--config.sweep='seed=0,1,2' or 'optim.lr=1e-3,3e-3;seed=0,1'")
+    if name not in table:
+      raise ConfigError(f'sweep field {name!r} is not a config field; sweepable fields: '
+                        + ', '.join(sweepable))
+    if name not in sweepable:
+      raise ConfigError(f'sweep field {name!r} is structural (its programs differ per '
+                        'value) and cannot vary across replicas; sweepable fields: '
+                        + ', '.join(sweepable))
+    if name in seen:
+      raise ConfigError(f'sweep names {name!r} twice')
+    seen.add(name)
+    vals = tuple(_parse_value(name, v.strip(), table[name]) for v in values.split(','))
+    if len(set(vals)) < len(vals):
+      raise ConfigError(f'sweep repeats a value of {name!r}: {values.strip()}')
+    axes.append((name, vals))
+  return Sweep(tuple(axes))
+
+
+def check(config, sweep: Sweep | None) -> None:
+  """ConfigError (one line) when the run's setting cannot hold `sweep` (`config`'s,
+  parsed): replicas run the dense setting on in-memory data in one process."""
+  if sweep is None:
+    return
+  if config.get('setting', 'dense') != 'dense':
+    raise ConfigError(f"config.sweep runs replicas of the dense setting only; setting="
+                      f"{config.setting!r} runs one federation per process (sweep='')")
+  if config.data.source != 'synthetic':
+    raise ConfigError("config.sweep needs the in-memory synthetic data (data.source="
+                      "'synthetic'); a streamed data.source='real' run holds one federation")
+  if int(config.get('distributed', {}).get('num_processes', 0) or 0) > 1:
+    raise ConfigError('config.sweep runs in one process; distributed.num_processes must be '
+                      '0 or 1')

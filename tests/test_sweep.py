@@ -1,0 +1,222 @@
+"""Sweeps (`config.sweep`): replicas of the whole federation in one compiled program.
+
+Each replica trains what the separate run of its seed and values trains (within the
+bound of `agreement`, the one the 4-device test uses), a sweep resumes bitwise, each
+replica's records are those of a separate run, and bad sweeps are one line.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import agreement
+from conftest import tiny_config
+
+from fedjax_mtl import experiment, fields, report, rounds, sweep, train, validate
+from fedjax_mtl.engines import build as build_engine
+from fedjax_mtl.errors import ConfigError
+
+SWEEP = 'optim.lr=0.002,0.02;seed=1'  # 2 replicas, both of another seed than the config's
+
+
+def sweep_config(**kw):
+  c = tiny_config('fedprox', num_rounds=2, eval_every=2, **agreement.SGD, **kw)
+  c.sweep = SWEEP
+  return c
+
+
+@pytest.fixture(scope='module')
+def swept(tmp_path_factory):
+  wd = str(tmp_path_factory.mktemp('sweep') / 'wd')
+  return wd, train.train_and_evaluate(sweep_config(), wd)
+
+
+def parse(text: str):
+  return sweep.parse(text, validate.fields_table())
+
+
+def replica_params(state, r: int) -> list:
+  return [jax.tree.map(lambda x: x[r], gs.params) for gs in state.groups]
+
+
+def test_parse_is_a_product_with_the_first_axis_slowest():
+  s = parse('optim.lr=0.002,0.02;seed=0,1')
+  assert s.size == 4 and s.names == ('optim.lr', 'seed')
+  assert s.points == [{'optim.lr': 0.002, 'seed': 0}, {'optim.lr': 0.002, 'seed': 1},
+                      {'optim.lr': 0.02, 'seed': 0}, {'optim.lr': 0.02, 'seed': 1}]
+  assert s.label(3) == 'optim.lr=0.02,seed=1'
+  c = s.config_of(sweep_config(), 3)
+  assert (c.optim.lr, c.seed, c.sweep) == (0.02, 1, '')
+  assert parse('') is None and parse('fedprox.mu=0.1').seed(c, 0) == 1
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('seed', "sweep axis 'seed' is not name=v1,v2,..."),
+    ('model.encoder=a,b', "sweep field 'model.encoder' is structural"),
+    ('scenario=x', "sweep field 'scenario' is structural"),
+    ('optim.lrr=0.1', "sweep field 'optim.lrr' is not a config field; sweepable fields: seed,"),
+    ('optim.lr=-1', 'sweep value -1 of optim.lr is out of range; valid range: lr > 0'),
+    ('seed=0.5', "sweep value '0.5' of seed is not an integer"),
+    ('optim.lr=abc', "sweep value 'abc' of optim.lr is not a number"),
+    ('seed=0,1;seed=2', "sweep names 'seed' twice"),
+    ('seed=1,1', "sweep repeats a value of 'seed'"),
+])
+def test_a_bad_sweep_is_one_line_before_anything_runs(text, expected):
+  c = sweep_config()
+  c.sweep = text
+  with pytest.raises(ConfigError) as e:
+    validate.check_config(c)
+  assert expected in str(e.value) and '\n' not in str(e.value)
+  if 'structural' in expected:  # the line lists what may be swept
+    assert 'seed, ' in str(e.value) and 'optim.lr' in str(e.value)
+
+
+def test_settings_a_sweep_cannot_hold_are_refused():
+  c = sweep_config()
+  c.data.source = 'real'
+  with pytest.raises(ConfigError, match="in-memory synthetic data"):
+    validate.check_config(c)
+
+
+# Every traced field, the algorithm that reads it and the program that does.
+TRACED = [('fedavg', 'optim.lr', 'train'), ('fedprox', 'fedprox.mu', 'train'),
+          ('ditto', 'ditto.lam', 'train'), ('hca2', 'hca2.ca_c', 'aggregate'),
+          *[('hca2', f'hca2.{k}', 'init') for k in (
+              'alpha_init', 'beta_init', 'hyper_lr', 'hyper_momentum', 'hyper_weight_decay')]]
+
+
+def test_the_traced_fields_are_those_listed():
+  assert sorted(sweep.traced_fields(validate.fields_table())) == sorted(f for _, f, _ in TRACED)
+
+
+@pytest.mark.parametrize('algorithm, field, program', TRACED)
+def test_every_traced_field_is_read_by_its_program(algorithm, field, program):
+  """A traced field the programs do not read would leave every replica at the config's
+  value: its scalar must be an input the traced program uses."""
+  engine = build_engine(tiny_config(algorithm))
+  exp = engine.exp
+  engine.open(0)
+  try:
+    jobs = {}  # the first job of each kind: group 0's trainer
+    for name, _, args in engine.programs_to_compile(engine.abstract_state()):
+      jobs.setdefault(name.split()[0], args)
+  finally:
+    engine.close()
+  if program == 'init':
+    init = exp.init_program
+    fn = lambda seed: init.states_fn(*init.init_fn(seed), None)
+    args = (jax.ShapeDtypeStruct((), np.uint32),)
+  elif program == 'train':
+    fn, args = rounds.train_bodies(exp)[0], jobs['train']
+  else:
+    fn, args = rounds.agg_body(exp), jobs['aggregate']
+
+  def with_value(v, *a):
+    with fields.tracing({field: v}):
+      return fn(*a)
+
+  jaxpr = jax.make_jaxpr(with_value)(np.float32(0.5), *args).jaxpr
+  used = {id(x) for eqn in jaxpr.eqns for x in eqn.invars} | {id(x) for x in jaxpr.outvars}
+  assert id(jaxpr.invars[0]) in used, f'{field} is not read by the {program} program'
+
+
+def test_each_replica_trains_what_its_separate_run_trains(swept, tmp_path):
+  _, out = swept
+  r = 1  # lr 0.02 and seed 1: both other than the config's
+  s = parse(SWEEP)
+  config = s.config_of(sweep_config(), r)
+  exp = experiment.build(config)
+  init = agreement.model_rows(exp, [gs.params for gs in experiment.init_state(exp).groups])
+  sep = train.train_and_evaluate(config, str(tmp_path / 'sep'))
+  want = agreement.model_rows(exp, [gs.params for gs in sep['state'].groups])
+  got = agreement.model_rows(exp, replica_params(out['state'], r))
+  print(f'replica {r}: worst row error {agreement.worst(got, want, init):.2e} of the bound')
+  agreement.assert_within_bound(got, want, init)
+  wrong = agreement.model_rows(exp, replica_params(out['state'], 0))  # the other lr's
+  assert agreement.worst(wrong, want, init) > agreement.FAULT_MARGIN
+  mine = {(e['client'], e['task']): e['value'] for e in out['eval'] if e['replica'] == r}
+  theirs = {(e['client'], e['task']): e['value'] for e in sep['eval']}
+  assert mine.keys() == theirs.keys()
+  np.testing.assert_allclose([mine[k] for k in theirs], list(theirs.values()), rtol=1e-4)
+
+
+def test_a_sweep_resumes_bitwise(swept, tmp_path):
+  wd, out = swept
+  mine = str(tmp_path / 'wd')
+  train.train_and_evaluate(sweep_config(), mine, stop_after=1)
+  resumed = train.train_and_evaluate(sweep_config(), mine)
+  for a, b in zip(jax.tree.leaves(resumed['state']), jax.tree.leaves(out['state'])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  strip = lambda path: [r for r in report.read_jsonl(path)]
+  assert strip(os.path.join(mine, 'metrics.jsonl')) == strip(os.path.join(wd, 'metrics.jsonl'))
+
+
+def test_each_replica_has_the_records_of_a_separate_run(swept):
+  wd, out = swept
+  s = parse(SWEEP)
+  rows = report.read_jsonl(os.path.join(wd, 'metrics.jsonl'))
+  assert rows[0]['type'] == 'meta' and rows[0]['replicas'] == [s.label(r) for r in range(2)]
+  for r in range(2):
+    sub = os.path.join(wd, 'replicas', s.label(r))
+    assert {'metrics.jsonl', 'config.json', 'results.md', 'results.csv', 'curves.png'} <= set(
+        os.listdir(sub))
+    sub_rows = report.read_jsonl(os.path.join(sub, 'metrics.jsonl'))
+    assert 'replicas' not in sub_rows[0] and all('replica' not in x for x in sub_rows)
+    assert sub_rows[1:] == [{k: v for k, v in x.items() if k != 'replica'}
+                            for x in rows if x.get('replica') == r]
+    saved = json.load(open(os.path.join(sub, 'config.json')))
+    assert (saved['seed'], saved['optim']['lr'], saved['sweep']) == (
+        s.seed(None, r), s.points[r]['optim.lr'], '')
+  table = open(os.path.join(wd, 'results.md')).read().splitlines()
+  assert [line.split(' | ')[0] for line in table[2:]] == ['| optim.lr=0.002', '| optim.lr=0.02']
+  assert all(' ± ' not in line for line in table[2:])  # one seed per point
+
+
+def test_divergence_names_the_replica_and_its_values():
+  engine = build_engine(sweep_config())
+  fed, n = engine.exp.fed, engine.num_replicas
+  health = {'loss': [np.ones((n, g.num_total, g.num_slots), bool) for g in fed.groups],
+            'params': [np.ones((n, g.num_total), bool) for g in fed.groups],
+            'agg': [np.ones((n, g.num_total), bool) for g in fed.groups],
+            'server': np.ones(n, bool)}
+  assert engine.divergence(3, {'health': health}) is None
+  health['params'][0][1, 1] = False
+  c = fed.clients[fed.groups[0].client_ids[1]]
+  assert engine.divergence(3, {'health': health}) == (
+      f'round 3, replica 1 (optim.lr=0.02,seed=1): non-finite parameters after local '
+      f'training of client {c.name} ({c.tasks[0]})')
+
+
+def test_replicas_that_will_not_fit_are_refused_with_the_largest_r_that_fits(
+    tmp_path, monkeypatch):
+  from fedjax_mtl.engines import replicas
+  engine = build_engine(sweep_config())
+  engine.open(0)
+  try:
+    jobs = engine.programs_to_compile(engine.abstract_state())
+    name, fn, args = jobs[0]
+    compiled = fn.lower(*args).compile()
+    engine.check_compiled(name, compiled)  # this host holds two tiny replicas
+    need = (replicas.nbytes(engine.abstract_state()) + replicas.nbytes(
+        (engine.source.train, engine.source.test)) + compiled.memory_analysis().temp_size_in_bytes)
+    monkeypatch.setattr(replicas, 'device_memory_bytes', lambda d: int(need * 0.8 / 0.9))
+    with pytest.raises(ConfigError) as e:
+      engine.check_compiled(name, compiled)
+  finally:
+    engine.close()
+  msg = str(e.value)
+  assert msg.startswith('config.sweep: 2 replicas need about') and '\n' not in msg
+  assert msg.endswith('at most R = 1 fits'), msg
+
+
+def test_tensorboard_tags_a_replicas_scalars_with_its_label():
+  from fedjax_mtl import sinks
+  meta = {'clients': ['c0'], 'replicas': ['seed=0', 'seed=1']}
+  rows = [{'round': 1, 'type': 'train', 'client': 'c0', 'task': 'sal', 'loss': 1., 'replica': 1},
+          {'round': 1, 'type': 'agg', 'alpha': [0.2], 'ca_w': 0.5, 'replica': 0}]
+  assert sinks.scalars(rows, meta) == [('seed=1/train/c0/sal/loss', 1., 1),
+                                       ('seed=0/agg/alpha/c0', 0.2, 1),
+                                       ('seed=0/agg/ca_w', 0.5, 1)]
