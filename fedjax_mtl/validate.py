@@ -196,20 +196,19 @@ def check_fields(config) -> None:
                         'fedjax_mtl.defaults.base_config()')
   engine = {n: v for n, v in values.items() if n.split('.')[0] not in plugins}
   for name, value in engine.items():
-    check_field(name, value, table[name])
+    _check_field(name, value, table[name])
   from fedjax_mtl import algorithms
   algorithms.check(config.algorithm)
   used = check_unused_blocks(config)
   for name, value in values.items():
     if name not in engine:
-      check_field(name, value, table[name])
+      _check_field(name, value, table[name])
   for name in used:
     if name in config and plugins[name].check is not None:
       plugins[name].check(plugins[name].of(config), config)
 
 
-def check_field(name: str, value, field: Field) -> None:
-  """ConfigError (one line) unless `value` is of `field`'s type and in its range."""
+def _check_field(name: str, value, field: Field) -> None:
   if field.per_dataset:
     from fedjax_mtl.tasks import DATASETS
     _check_type(name, value, field.default)

@@ -81,46 +81,50 @@ def test_settings_a_sweep_cannot_hold_are_refused():
     validate.check_config(c)
 
 
-# Every traced field, the algorithm that reads it and the program that does.
-TRACED = [('fedavg', 'optim.lr', 'train'), ('fedprox', 'fedprox.mu', 'train'),
-          ('ditto', 'ditto.lam', 'train'), ('hca2', 'hca2.ca_c', 'aggregate'),
-          *[('hca2', f'hca2.{k}', 'init') for k in (
-              'alpha_init', 'beta_init', 'hyper_lr', 'hyper_momentum', 'hyper_weight_decay')]]
+# Every traced field, by the algorithm and the program that read it.
+TRACED = [('fedprox', 'train', ('optim.lr', 'fedprox.mu')), ('ditto', 'train', ('ditto.lam',)),
+          ('hca2', 'aggregate', ('hca2.ca_c',)),
+          ('hca2', 'init', tuple(f'hca2.{k}' for k in ('alpha_init', 'beta_init', 'hyper_lr',
+                                                      'hyper_momentum', 'hyper_weight_decay')))]
 
 
 def test_the_traced_fields_are_those_listed():
-  assert sorted(sweep.traced_fields(validate.fields_table())) == sorted(f for _, f, _ in TRACED)
+  assert sorted(sweep.traced_fields(validate.fields_table())) == sorted(
+      f for _, _, names in TRACED for f in names)
 
 
-@pytest.mark.parametrize('algorithm, field, program', TRACED)
-def test_every_traced_field_is_read_by_its_program(algorithm, field, program):
+@pytest.mark.parametrize('algorithm, program, names', TRACED)
+def test_every_traced_field_is_read_by_its_program(algorithm, program, names):
   """A traced field the programs do not read would leave every replica at the config's
   value: its scalar must be an input the traced program uses."""
   engine = build_engine(tiny_config(algorithm))
   exp = engine.exp
-  engine.open(0)
-  try:
-    jobs = {}  # the first job of each kind: group 0's trainer
-    for name, _, args in engine.programs_to_compile(engine.abstract_state()):
-      jobs.setdefault(name.split()[0], args)
-  finally:
-    engine.close()
   if program == 'init':
     init = exp.init_program
     fn = lambda seed: init.states_fn(*init.init_fn(seed), None)
     args = (jax.ShapeDtypeStruct((), np.uint32),)
   elif program == 'train':
-    fn, args = rounds.train_bodies(exp)[0], jobs['train']
+    state = experiment.init_state(exp, abstract=True)
+    start = rounds.abstract_round_start(exp, [gs.params for gs in state.groups])[0]
+    data = jax.eval_shape(lambda: exp.data[exp.fed.groups[0].dataset]['train'])
+    fn = rounds.train_bodies(exp)[0]
+    args = (state.groups[0], start, data, state.round, state.rng, np.int32(2))
   else:
+    engine.open(0)
+    try:
+      jobs = {name: args for name, _, args in engine.programs_to_compile(engine.abstract_state())}
+    finally:
+      engine.close()
     fn, args = rounds.agg_body(exp), jobs['aggregate']
 
-  def with_value(v, *a):
-    with fields.tracing({field: v}):
+  def with_values(values, *a):
+    with fields.tracing(dict(zip(names, values))):
       return fn(*a)
 
-  jaxpr = jax.make_jaxpr(with_value)(np.float32(0.5), *args).jaxpr
+  jaxpr = jax.make_jaxpr(with_values)([np.float32(0.5)] * len(names), *args).jaxpr
   used = {id(x) for eqn in jaxpr.eqns for x in eqn.invars} | {id(x) for x in jaxpr.outvars}
-  assert id(jaxpr.invars[0]) in used, f'{field} is not read by the {program} program'
+  for name, var in zip(names, jaxpr.invars):
+    assert id(var) in used, f'{name} is not read by the {program} program'
 
 
 def test_each_replica_trains_what_its_separate_run_trains(swept, tmp_path):

@@ -130,19 +130,23 @@ class ReplicaPrograms:
             for lin in (False, True)}
 
   @functools.cached_property
-  def init(self):
-    """`(values, seeds [R], pretrained encoder or None) -> stacked round-0 state`: each
-    replica's `experiment.InitProgram` of its seed, with its traced values (the server's
-    initial state may read them: FedHCA2's α, β and their optimizer)."""
+  def init_states(self):
+    """`(values, [R] outputs of the init program's params part, pretrained encoder or
+    None) -> stacked round-0 state`: each replica's `experiment.InitProgram` states
+    part with its traced values (the server's initial state may read them: FedHCA2's
+    α, β and their optimizer). The parameters come from the single run's params
+    program, once per seed: the same executable as a separate run's (and the same
+    bits: vmapped, the parameters' 'rbg' generator would draw others)."""
     program = self.exp.init_program
 
-    def run(values, seeds, enc):
+    def run(values, outs, enc):
+      stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
       def one(args):
         with fields.tracing(args[0]):
-          return program.states_fn(*program.init_fn(args[1]), enc)
-      # A loop, not vmap: the parameters' 'rbg' PRNG draws other bits when batched, and
-      # each replica must start where the separate run of its seed starts.
-      return jax.lax.map(one, (values, seeds))
+          return program.states_fn(*args[1], enc)
+
+      return jax.lax.map(one, (values, stacked))
 
     return jax.jit(run, out_shardings=self.state_shardings(),
                    compiler_options=experiment.run_once_compiler_options())
@@ -188,17 +192,17 @@ class ReplicaEngine(DenseEngine):
 
   # ---- state ------------------------------------------------------------------------
 
-  def _init_args(self, abstract: bool = False) -> tuple:
-    """The replica init program's arguments: traced values, seeds, pretrained encoder."""
-    seeds = jnp.asarray([self.sweep.seed(self.config, r) for r in range(self.num_replicas)],
-                        jnp.uint32)
-    if abstract:
-      on = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.exp.replicated)
-      return jax.tree.map(on, self._values), on(seeds), None
-    enc = None
-    if self.config.model.get('pretrained_path'):
-      enc = experiment.pretrained_encoder(self.exp)
-    return self._values, jax.device_put(seeds, self.exp.replicated), enc
+  def _seeds(self) -> list[int]:
+    return [self.sweep.seed(self.config, r) for r in range(self.num_replicas)]
+
+  def _states_args(self) -> tuple:
+    """Abstract arguments of the replicas' states program (`ReplicaPrograms.init_states`)."""
+    pb, rnd, rng = self.exp.init_program.param_shapes
+    on = lambda t, sh: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), t)
+    one = (on(pb, self.exp.client_sharding), on(rnd, self.exp.replicated),
+           on(rng, self.exp.replicated))
+    return on(self._values, self.exp.replicated), [one] * self.num_replicas, None
 
   def abstract_state(self) -> FedState:
     """The stacked round-0 state's shapes and shardings."""
@@ -206,20 +210,27 @@ class ReplicaEngine(DenseEngine):
 
   @functools.cached_property
   def _abstract(self) -> FedState:
-    shapes = jax.eval_shape(self.replica_programs.init, *self._init_args(abstract=True))
+    shapes = jax.eval_shape(self.replica_programs.init_states, *self._states_args())
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         shapes, _expand(self.replica_programs.state_shardings(), shapes))
 
   def init_state(self) -> FedState:
     """Every replica's round-0 state (its seed and traced values), stacked on the mesh."""
-    return self.replica_programs.init(*self._init_args())
+    program = self.exp.init_program
+    outs = [program.params(jnp.asarray(s, jnp.uint32)) for s in self._seeds()]
+    enc = (experiment.pretrained_encoder(self.exp)
+           if self.config.model.get('pretrained_path') else None)
+    return self.replica_programs.init_states(self._values, outs, enc)
 
   def round0_programs(self) -> list[tuple[str, Any, tuple]]:
-    """The replicas' init program (none for a pretrained encoder: it takes the weights)."""
+    """The single run's params program (a separate run's executable) and the replicas'
+    states program; none for a pretrained encoder (its states program takes the
+    weights)."""
     if self.config.model.get('pretrained_path'):
       return []
-    return [(f'init x{self.num_replicas} replicas', self.replica_programs.init,
-             self._init_args(abstract=True))]
+    params = self.exp.init_program.jobs(jnp.asarray(self.config.seed, jnp.uint32))[0]
+    return [params, (f'init states x{self.num_replicas} replicas',
+                     self.replica_programs.init_states, self._states_args())]
 
   def programs_to_compile(self, state: FedState) -> list[tuple[str, Any, tuple]]:
     """The replicas' trainers, aggregation and evaluation (`state` may be abstract)."""
