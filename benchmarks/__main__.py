@@ -35,6 +35,8 @@
   replicas    --only=replicas     the default config's 3 seeds as 3 cold runs vs one
                                   sweep (config.sweep='seed=0,1,2'): wall, compile,
                                   round throughput per replica
+              --only=replica_scaling  sweeps of R = --replicas seeds (default 1,4,16) of the
+                                  default config and of it at Swin-T 224²: rounds/s, MFU
   edge        --only=odsf         host-side edge odsF at PASCAL size (500x375): seconds per
                                   image, the worker pool's throughput on 1..all cores and
                                   the time for 5,105 test images per edge client
@@ -119,6 +121,9 @@ RUNS = {
     'flower': lambda a: {'flower': multihost.bench_flower()},
     'odsf': lambda a: {'odsf': edge.bench(a)},
     'replicas': lambda a: {'replicas': replicas.bench_replicas()},
+    'replica_scaling': lambda a: {'replica_scaling': replicas.bench_replica_scaling(
+        tuple(int(r) for r in a.replicas.split(',')), peak_tflops=a.peak_tflops,
+        log=jsonl_log(a.json))},
 }
 # --only=all (the default). The others are left out of it: they compile at paper scale,
 # take minutes on a CPU, start processes or need an accelerator or an extra.
@@ -127,7 +132,8 @@ ALL = ('engine', 'pipeline', 'hca2', 'swin')
 PARTS = ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory', 'mfu',
          'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine', 'memory',
          'unified_memory', 'many_memory', 'vit_lora', 'matu_server', 'matu_client', 'gpu',
-         'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost', 'flower', 'odsf')
+         'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost', 'flower', 'odsf', 'replicas',
+         'replica_scaling')
 CHOICES = (*RUNS, 'all')
 
 
@@ -170,6 +176,9 @@ def main(argv=None, prog=None, epilog=None):
                  help='--only=gpu: comma-separated workloads of fedhca2_swin_t, ntk_a_deeplab, '
                       'ntk_a_deeplab_linear, ntk_b_clip, ntk_b_clip_linear, many_vit_b32_lora, '
                       'feddea_resnet18 (default: all)')
+  p.add_argument('--replicas', default='1,4,16',
+                 help='--only=replica_scaling: comma-separated replica counts R '
+                      '(default: %(default)s)')
   p.add_argument('--json', default='', help='also write the results to this JSON file')
   p.add_argument('--reuse_host_memory', action=argparse.BooleanOptionalAction, default=True,
                  help='keep freed host memory mapped on CPU-only runs (fedjax_mtl.hostmem), '

@@ -1,6 +1,8 @@
-"""Sweeps (`--only=replicas`): the seeds of one config as separate runs against one
+"""Sweeps. `--only=replicas`: the seeds of one config as separate runs against one
 sweep's replicas (`config.sweep='seed=...'`, one compiled program), each a cold
 `python -m fedjax_mtl.main` process (no compilation cache) one after the other.
+`--only=replica_scaling`: rounds per second and MFU of sweeps of R = 1, 4, 16
+replicas in one process (for an accelerator).
 """
 
 from __future__ import annotations
@@ -78,4 +80,68 @@ def bench_replicas(config: str = 'configs/hca2.py', seeds: tuple[int, ...] = (0,
     out['final_metric_diff_over_seed_std'] = {'max': round(ratios[worst], 3), 'metric': worst,
                                               'median': round(float(np.median(
                                                   list(ratios.values()))), 3)}
+  return out
+
+
+# `--only=replica_scaling`: the default config, and its layout at Swin-T 224² (the 1c
+# scenario on synthetic scenes, bf16, 4 local steps per round), as sweeps of R seeds.
+SCALING_SETUPS = {
+    'default': [],
+    'swin_t_224': ['model.encoder=swin_t', "data.resolution={'pascal':(224,224),"
+                   "'nyud':(224,224)}", 'max_steps_per_round=4', 'model.dtype=bfloat16'],
+}
+
+
+def bench_replica_scaling(rs: tuple[int, ...] = (1, 4, 16), rounds: int = 3,
+                          setups: tuple[str, ...] = tuple(SCALING_SETUPS),
+                          peak_tflops: float = 0.0, log=print) -> dict:
+  """Rounds per second of sweeps of R = `rs` seeds in this process (`rounds` rounds
+  after compiling, the first left out), the replicas' throughput against the first
+  R, the round's model FLOPs (XLA cost analysis of its trainers and aggregation) and
+  MFU where the device's peak is known; each R compiled and run on its own. A CPU
+  dry run (rs=(1, 2), setups=('default',)) checks that it works."""
+  import gc
+  import jax
+  from benchmarks.common import peak_flops
+  from fedjax_mtl import compare, engines
+  peak = peak_flops(peak_tflops)
+  out = {}
+  for setup in setups:
+    rows = {}
+    for r in rs:
+      config = compare.load_config(' '.join(
+          ['configs/hca2.py', 'progress=False', 'sweep=seed=' + ','.join(map(str, range(r))),
+           *SCALING_SETUPS[setup]]))
+      engine = engines.build(config)
+      engine.open(0)
+      try:
+        t = time.perf_counter()
+        flops = 0.0
+        for name, fn, args in engine.programs_to_compile(engine.abstract_state()):
+          compiled = fn.lower(*args).compile()
+          if not name.startswith('evaluate'):
+            flops += float((compiled.cost_analysis() or {}).get('flops', 0.0))
+        compile_s = time.perf_counter() - t
+        state = engine.init_state()
+        times = []
+        for rnd in range(1, rounds + 1):
+          t = time.perf_counter()
+          state, res = engine.run_round(state, rnd)
+          jax.block_until_ready((state, res))
+          times.append(time.perf_counter() - t)
+      finally:
+        engine.close()
+      steady = float(np.median(times[1:] if len(times) > 1 else times))
+      row = {'round_s': round(steady, 4), 'replica_rounds_per_s': round(r / steady, 3),
+             'compile_s': round(compile_s, 1), 'round_tflop': round(flops / 1e12, 4)}
+      if peak:
+        row['mfu'] = round(flops / steady / peak, 4)
+      rows[r] = row
+      log(f'replica_scaling {setup} R={r}: {row}')
+      del state, engine
+      gc.collect()
+    first = rows[rs[0]]['replica_rounds_per_s']
+    for row in rows.values():
+      row['throughput_vs_first'] = round(row['replica_rounds_per_s'] / first, 3)
+    out[setup] = rows
   return out

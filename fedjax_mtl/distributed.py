@@ -309,16 +309,21 @@ def collective_bytes(hlo_text: str) -> list[tuple[str, int]]:
   return out
 
 
-def client_mesh(config) -> Mesh:
+def client_mesh(config, replica_shards: int = 1) -> Mesh:
   """The run's devices (`num_devices`, 0: every visible one, of every process) along
   one axis, `clients`, that client rows (the many-task setting: the round's slots)
   are sharded over; ConfigError (one line) for more devices than are visible and, in
-  a multi-process run, for a split the processes cannot share (`check_processes`)."""
+  a multi-process run, for a split the processes cannot share (`check_processes`).
+  `replica_shards` > 1 (a sweep, `engines.replicas`): a 2-D mesh, `replicas` x
+  `clients`, the devices split into that many groups along `replicas`."""
   devices = jax.devices()
   n = int(config.get('num_devices', 0)) or len(devices)
   if n > len(devices):
     raise ConfigError(f'num_devices={n} but only {len(devices)} devices are visible')
   check_processes(n, devices)
+  if replica_shards > 1:
+    return Mesh(np.asarray(devices[:n]).reshape(replica_shards, n // replica_shards),
+                ('replicas', 'clients'))
   return Mesh(np.asarray(devices[:n]), ('clients',))
 
 

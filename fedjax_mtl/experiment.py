@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 from typing import Any
 
@@ -128,14 +129,27 @@ def build(config) -> Experiment:
 
   Cached per config (at most one experiment's buffers stay alive).
   """
-  # A sweep's replicas share the experiment of one run (`engines.replicas`).
+  # A sweep's replicas share the experiment of one run (`engines.replicas`), on the
+  # mesh of their device groups.
   key = run_fields(config, keep=('data.data_dir', 'data.cache_dir'))
   key.pop('sweep', None)
-  key = json.dumps(key, sort_keys=True)
+  key = json.dumps([key, replica_shards(config)], sort_keys=True)
   if key not in _BUILT:
     _BUILT.clear()
     _BUILT[key] = _build(config)
   return _BUILT[key]
+
+
+def replica_shards(config) -> int:
+  """The device groups a sweep's replicas are sharded over (`config.sweep`, the mesh's
+  `replicas` axis): the largest count dividing both the replicas and the devices, so
+  that each group runs whole federations; 1 for one run."""
+  from fedjax_mtl import validate
+  swept = validate.sweep_of(config)
+  if swept is None:
+    return 1
+  devices = int(config.get('num_devices', 0)) or jax.device_count()
+  return math.gcd(swept.size, devices)
 
 
 def fed_info(fed: federation.Federation, num_rounds: int,
@@ -174,8 +188,8 @@ def _build(config) -> Experiment:
     num_train = {d: len(v['train']['image']) for d, v in data.items()}
     parts_filter = scenarios.label_parts_filter({d: v['train'] for d, v in data.items()})
   clients = scenarios.build_clients(config, num_train, parts_filter=parts_filter)
-  mesh = distributed.client_mesh(config)
-  fed = federation.build_federation(clients, mesh.size)
+  mesh = distributed.client_mesh(config, replica_shards(config))
+  fed = federation.build_federation(clients, mesh.shape['clients'])
   models_train = [dense_model(config, encoder, g.head_channels, dtype) for g in fed.groups]
   models_eval = [m.clone(train=False) for m in models_train]
   labels, norm_modules = [], set()

@@ -7,6 +7,7 @@ replica's records are those of a separate run, and bad sweeps are one line.
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -150,7 +151,10 @@ def test_each_replica_trains_what_its_separate_run_trains(swept, tmp_path):
 def test_a_sweep_resumes_bitwise(swept, tmp_path):
   wd, out = swept
   mine = str(tmp_path / 'wd')
-  train.train_and_evaluate(sweep_config(), mine, stop_after=1)
+  # The sweep as an interruption after round 1 leaves it: its round-1 checkpoint is the
+  # newest (an uninterrupted run's round 1 is bitwise the interrupted one's).
+  shutil.copytree(wd, mine, ignore=shutil.ignore_patterns('.lock'))
+  shutil.rmtree(os.path.join(mine, 'checkpoints', '2'))
   resumed = train.train_and_evaluate(sweep_config(), mine)
   for a, b in zip(jax.tree.leaves(resumed['state']), jax.tree.leaves(out['state'])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -224,3 +228,44 @@ def test_tensorboard_tags_a_replicas_scalars_with_its_label():
   assert sinks.scalars(rows, meta) == [('seed=1/train/c0/sal/loss', 1., 1),
                                        ('seed=0/agg/alpha/c0', 0.2, 1),
                                        ('seed=0/agg/ca_w', 0.5, 1)]
+
+
+# The sweep of `swept` on 4 devices: 2 replicas -> a (replicas 2) x (clients 2) mesh.
+_FOUR_DEVICES = '''
+import sys, jax, numpy as np
+import agreement, test_sweep
+from fedjax_mtl import experiment, train
+config = test_sweep.sweep_config()
+out = train.train_and_evaluate(config, sys.argv[2])
+exp = experiment.build(config)
+leaf = jax.tree.leaves(out['state'].groups[0].params)[0]
+rows = {f'{r}:{k}': v for r in range(2) for k, v in agreement.model_rows(
+    exp, test_sweep.replica_params(out['state'], r)).items()}
+np.savez(sys.argv[1], mesh=str(dict(exp.mesh.shape)), spec=str(leaf.sharding.spec),
+         shard=np.asarray(leaf.addressable_shards[0].data.shape), **rows)
+'''
+
+
+def test_on_four_devices_the_replicas_and_the_clients_are_sharded_and_agree(swept, tmp_path):
+  import subprocess
+  import sys
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, XLA_FLAGS=os.environ.get('XLA_FLAGS', '')
+             + ' --xla_force_host_platform_device_count=4')
+  r = subprocess.run([sys.executable, '-c', _FOUR_DEVICES, str(tmp_path / 'four.npz'),
+                      str(tmp_path / 'wd')], cwd=here, env=env, capture_output=True,
+                     text=True, timeout=400)
+  assert r.returncode == 0, r.stderr[-3000:]
+  got = np.load(tmp_path / 'four.npz')
+  assert str(got['mesh']) == "{'replicas': 2, 'clients': 2}"
+  assert str(got['spec']) == "P('replicas', 'clients')"
+  assert got['shard'][:2].tolist() == [1, 2]  # a device: one replica, 2 of its 4 clients
+  _, out = swept
+  one = parse(SWEEP).config_of(sweep_config(), 0)  # both replicas start from seed 1's models
+  exp = experiment.build(one)
+  init = agreement.model_rows(exp, [gs.params for gs in experiment.init_state(exp).groups])
+  for rep in range(2):
+    want = agreement.model_rows(exp, replica_params(out['state'], rep))
+    mine = {k.split(':', 1)[1]: got[k] for k in got.files if k.startswith(f'{rep}:')}
+    print(f'replica {rep}: worst row error {agreement.worst(mine, want, init):.2e} of the bound')
+    agreement.assert_within_bound(mine, want, init)

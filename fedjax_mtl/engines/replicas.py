@@ -1,12 +1,16 @@
 """A sweep's replicas of the dense engine as one compiled program (`config.sweep`).
 
 R replicas of the whole federation (`fedjax_mtl.sweep`: seeds and traced field
-values) share one experiment. Every leaf of the state gets a leading replica axis
-(unsharded; the client axis behind it stays sharded over the devices), and each of
-the round's programs is the single run's function vmapped over it: one local
+values) share one experiment. Every leaf of the state gets a leading replica axis,
+and each of the round's programs is the single run's function vmapped over it:
+one local
 training program per client group, one aggregation, one evaluation, compiled
 once for all replicas. The traced fields' values enter the trainers and the
-aggregation as a [R] input per field (`fields.tracing`).
+aggregation as a [R] input per field (`fields.tracing`). On several devices the
+mesh is `replicas` x `clients` (`experiment.replica_shards`: g = gcd(R, devices)
+groups of devices, each holding R/g whole replicas with their clients sharded over
+the group's devices); with g = 1 every device holds every replica and a share of
+its clients.
 
 Records: every metrics.jsonl row of the run's workdir carries `replica` (its
 index; the meta row lists `replicas`, their labels). When the run ends, each
@@ -42,10 +46,16 @@ from fedjax_mtl.state import FedState
 PyTree = Any
 
 
+def replica_axis(mesh) -> str | None:
+  """The mesh axis the replicas are sharded over (`experiment.replica_shards`), or None
+  (every device holds every replica)."""
+  return 'replicas' if 'replicas' in mesh.axis_names else None
+
+
 def lifted(sharding):
   """`sharding` of one replica's array -> that of the replicas' stacked array (a
-  leading unsharded axis)."""
-  return NamedSharding(sharding.mesh, P(None, *sharding.spec))
+  leading axis, over the mesh's `replicas` axis where it has one)."""
+  return NamedSharding(sharding.mesh, P(replica_axis(sharding.mesh), *sharding.spec))
 
 
 def lift_abstract(tree: PyTree, r: int) -> PyTree:
@@ -61,7 +71,14 @@ class ReplicaPrograms:
     self.exp = exp
     self.single = dense_programs(exp)
     self.client = lifted(exp.client_sharding)
-    self.rep = exp.replicated
+    self.axis = replica_axis(exp.mesh)
+    # Per replica and replicated within it (the round, RNG, server state): over the
+    # replica groups where the mesh has them.
+    self.rep = exp.replicated if self.axis is None else lifted(exp.replicated)
+
+  def vmap(self, fn, **kw):
+    """`jax.vmap` over the replica axis (named for the mesh's sharding constraints)."""
+    return jax.vmap(fn, spmd_axis_name=self.axis, **kw)
 
   def state_shardings(self) -> FedState:
     """The stacked state's shardings (a prefix tree, as `rounds.state_shardings`)."""
@@ -77,7 +94,7 @@ class ReplicaPrograms:
       def run(values, gs, start, data, rnd, rng, total):
         with fields.tracing(values):
           return body(gs, start, data, rnd, rng, total)
-      return jax.jit(jax.vmap(run, in_axes=(0, 0, 0, None, 0, 0, None)),
+      return jax.jit(self.vmap(run, in_axes=(0, 0, 0, None, 0, 0, None)),
                      out_shardings=(self.client, self.client),
                      donate_argnums=tuple(i + 1 for i in rounds.train_donation(exp)),
                      compiler_options=experiment.train_compiler_options(exp.config))
@@ -93,14 +110,14 @@ class ReplicaPrograms:
       with fields.tracing(values):
         return body(core, params, start, metrics)
 
-    return jax.jit(jax.vmap(run), donate_argnums=1,
+    return jax.jit(self.vmap(run), donate_argnums=1,
                    out_shardings=(self.state_shardings(), self.rep))
 
   @functools.cached_property
   def begin(self):
     """The client part's `begin` of every replica, or None (`rounds.make_begin`)."""
     fn = self.single.begin
-    return None if fn is None else jax.jit(jax.vmap(fn), out_shardings=self.client)
+    return None if fn is None else jax.jit(self.vmap(fn), out_shardings=self.client)
 
   @functools.cached_property
   def round_start(self):
@@ -110,13 +127,13 @@ class ReplicaPrograms:
       return None
     outs = [jax.tree.map(lambda ax: self.rep if ax is None else self.client, ax,
                          is_leaf=lambda x: x is None) for ax in self.exp.start_axes]
-    return jax.jit(jax.vmap(fn), out_shardings=outs)
+    return jax.jit(self.vmap(fn), out_shardings=outs)
 
   @functools.cached_property
   def stats_fn(self):
     """The batch-norm statistics' average per replica, or None (`rounds.make_stats_fn`)."""
     fn = self.single.stats_fn
-    return None if fn is None else jax.jit(jax.vmap(fn), donate_argnums=0,
+    return None if fn is None else jax.jit(self.vmap(fn), donate_argnums=0,
                                            out_shardings=self.client)
 
   def eval_fn(self, linear: bool = False):
@@ -125,8 +142,8 @@ class ReplicaPrograms:
 
   @functools.cached_property
   def _eval_fns(self) -> dict:
-    return {lin: jax.jit(jax.vmap(self.single.eval_fn_linear if lin else self.single.eval_fn,
-                                  in_axes=(0, None)))
+    return {lin: jax.jit(self.vmap(self.single.eval_fn_linear if lin else self.single.eval_fn,
+                                   in_axes=(0, None)))
             for lin in (False, True)}
 
   @functools.cached_property
