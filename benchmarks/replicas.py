@@ -103,7 +103,7 @@ def bench_replica_scaling(rs: tuple[int, ...] = (1, 4, 16), rounds: int = 3,
   import gc
   import jax
   from benchmarks.common import peak_flops
-  from fedjax_mtl import compare, engines
+  from fedjax_mtl import compare, engines, experiment
   peak = peak_flops(peak_tflops)
   out = {}
   for setup in setups:
@@ -115,13 +115,15 @@ def bench_replica_scaling(rs: tuple[int, ...] = (1, 4, 16), rounds: int = 3,
       engine = engines.build(config)
       engine.open(0)
       try:
-        t = time.perf_counter()
-        flops = 0.0
-        for name, fn, args in engine.programs_to_compile(engine.abstract_state()):
-          compiled = fn.lower(*args).compile()
+        flops = []
+
+        def count(name, compiled):  # the round's programs: trainers and aggregation
           if not name.startswith('evaluate'):
-            flops += float((compiled.cost_analysis() or {}).get('flops', 0.0))
-        compile_s = time.perf_counter() - t
+            flops.append(float((compiled.cost_analysis() or {}).get('flops', 0.0)))
+
+        compile_s = sum(experiment.compile_programs(
+            engine.programs_to_compile(engine.abstract_state()), count).values())
+        flops = sum(flops)
         state = engine.init_state()
         times = []
         for rnd in range(1, rounds + 1):

@@ -203,14 +203,24 @@ def run_dirs(run: Run) -> list[tuple[int, str]]:
           for r in range(s.size)]
 
 
+def _seed_config(spec: str, seed: int):
+  """The config of `spec` for one seed of the comparison (many-task: the client split
+  too), without a progress bar."""
+  cfg = load_config(spec)
+  cfg.seed, cfg.progress = seed, False
+  if is_many_task(cfg):  # the seed sets the many-task client split too
+    cfg.split_seed = seed
+  return cfg
+
+
 def _as_replicas(cfg, seeds: list[int]):
-  """`cfg` running `seeds` as one sweep's replicas (`config.sweep='seed=...'`), or None
-  where a sweep cannot hold them (one seed, the many-task setting, real data)."""
+  """`cfg` (the first seed's) running `seeds` as one sweep's replicas
+  (`config.sweep='seed=...'`), or None where a sweep cannot hold them (one seed, the
+  many-task setting, real data)."""
   from fedjax_mtl import sweep, validate
   if len(seeds) < 2 or cfg.get('sweep', ''):
     return None
   c = cfg.copy_and_resolve_references()
-  c.seed = seeds[0]
   c.sweep = 'seed=' + ','.join(map(str, seeds))
   try:
     sweep.check(c, validate.sweep_of(c))
@@ -227,24 +237,13 @@ def _aside(wd: str) -> str:
   return f'{wd}.replaced-{n}'
 
 
-def _finished_per_seed(spec: str, seeds: list[int], folder: str) -> bool:
-  """Whether `folder` holds a finished run of `spec` for every seed, one per seed
+def _finished_per_seed(configs: list[tuple[int, Any]], folder: str) -> bool:
+  """Whether `folder` holds a finished run of each (seed, config), one per seed
   (`--no-replicas`' layout, or an older comparison's): those are read back, not run
   again as a sweep."""
-  for seed in seeds:
-    wd = os.path.join(folder, f'seed{seed}')
-    if not os.path.exists(os.path.join(wd, 'results.csv')):
-      return False
-    try:
-      cfg = load_config(spec)
-    except ConfigError:
-      return False
-    cfg.seed, cfg.progress = seed, False
-    if is_many_task(cfg):
-      cfg.split_seed = seed
-    if workdir_lib.config_diffs(cfg, wd):
-      return False
-  return True
+  return all(os.path.exists(os.path.join(folder, f'seed{seed}', 'results.csv'))
+             and not workdir_lib.config_diffs(cfg, os.path.join(folder, f'seed{seed}'))
+             for seed, cfg in configs)
 
 
 def plan_runs(run_args: list[str], seeds: list[int], out: str,
@@ -269,27 +268,20 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
     if name in names:
       raise ConfigError(f'--run {name!r} is given twice; each method needs its own name')
     names.add(name)
-    swept = None
-    if replicas and not _finished_per_seed(spec, seeds, os.path.join(out, name)):
-      try:
-        swept = _as_replicas(load_config(spec), seeds)
-      except ConfigError as e:
-        raise ConfigError(f'--run {name}: {e}') from None
-    for seed in seeds[:1] if swept is not None else seeds:
-      try:
-        cfg = load_config(spec) if swept is None else swept
-      except ConfigError as e:
-        raise ConfigError(f'--run {name}: {e}') from None
-      cfg.seed = seed
-      if is_many_task(cfg):  # the seed sets the many-task client split too
-        cfg.split_seed = seed
-      cfg.progress = False
-      try:
+    try:
+      configs = [(seed, _seed_config(spec, seed)) for seed in seeds]
+      for _, cfg in configs:
         validate.check_config(cfg)
-      except ConfigError as e:
-        raise ConfigError(f'--run {name}: {e}') from None
-      wd = os.path.join(out, name, f'seed{seed}' if swept is None
-                        else 'seeds' + ','.join(map(str, seeds)))
+      swept = (_as_replicas(configs[0][1], seeds) if replicas
+               and not _finished_per_seed(configs, os.path.join(out, name)) else None)
+      if swept is not None:
+        validate.check_config(swept)
+    except ConfigError as e:
+      raise ConfigError(f'--run {name}: {e}') from None
+    folders = ([(seeds[0], swept, 'seeds' + ','.join(map(str, seeds)))] if swept is not None
+               else [(seed, cfg, f'seed{seed}') for seed, cfg in configs])
+    for seed, cfg, folder in folders:
+      wd = os.path.join(out, name, folder)
       if hold is not None:
         hold.enter_context(workdir_lib.lock(wd))
       else:

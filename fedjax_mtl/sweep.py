@@ -22,6 +22,7 @@ programs enter `fields.tracing` with their values (`engines.replicas`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Any
@@ -44,13 +45,18 @@ class Sweep:
   def names(self) -> tuple[str, ...]:
     return tuple(n for n, _ in self.axes)
 
-  @property
+  @functools.cached_property
   def points(self) -> list[dict[str, Any]]:
     return [dict(zip(self.names, vs)) for vs in itertools.product(*(v for _, v in self.axes))]
 
   @property
   def size(self) -> int:
     return math.prod(len(v) for _, v in self.axes)
+
+  @property
+  def traced_names(self) -> tuple[str, ...]:
+    """The swept traced fields (every axis but `seed`)."""
+    return tuple(n for n in self.names if n != 'seed')
 
   def seed(self, config, r: int) -> int:
     """Replica `r`'s seed (`config.seed` when the sweep has no seed axis)."""
@@ -59,11 +65,13 @@ class Sweep:
 
   def traced(self, r: int) -> dict[str, Any]:
     """Replica `r`'s values of the traced fields."""
-    return {k: v for k, v in self.points[r].items() if k != 'seed'}
+    return {k: self.points[r][k] for k in self.traced_names}
 
-  def label(self, r: int) -> str:
-    """'seed=1,optim.lr=0.003': what replica `r` is (its sub-workdir's name)."""
-    return ','.join(f'{k}={_show(v)}' for k, v in self.points[r].items())
+  def label(self, r: int, seed: bool = True) -> str:
+    """'seed=1,optim.lr=0.003': what replica `r` is (its sub-workdir's name); without
+    the seed with `seed=False` ('' for a sweep of seeds only)."""
+    return ','.join(f'{k}={_show(v)}' for k, v in self.points[r].items()
+                    if seed or k != 'seed')
 
   def config_of(self, config, r: int):
     """The config of a separate run equal to replica `r` (no sweep)."""

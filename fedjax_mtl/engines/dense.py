@@ -276,22 +276,10 @@ class DenseEngine:
     outputs: 'train' metrics, 'agg' logs, 'health' flags). `progress(steps)` is
     called as local steps of a client group finish (in memory: waiting for the
     group; streamed: when a chunk is dispatched, never waiting)."""
-    p = self.programs
-    state = rounds.begin_round(p.begin, state)
     if self.source.streamed:
-      return self._streamed_round(state, rnd, progress)
-    start = rounds.round_start(p.round_start, [gs.params for gs in state.groups])
-    groups, metrics = [], []
-    steps = rounds.group_steps(self.exp)
-    for g, (spec, fn) in enumerate(zip(self.exp.fed.groups, p.train_fns)):
-      gs, m = fn(state.groups[g], start[g], self.source.train[spec.dataset]['train'],
-                 state.round, state.rng, rounds.num_rounds(self.exp))
-      groups.append(gs)
-      metrics.append(m)
-      if progress is not None:
-        jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
-        progress(steps[g])
-    return rounds.aggregate(p.agg_fn, state.replace(groups=groups), start, metrics, p.stats_fn)
+      return self._streamed_round(rounds.begin_round(self.programs.begin, state), rnd,
+                                  progress)
+    return memory_round(self.exp, self.programs, state, self.source.train, progress)
 
   def _streamed_round(self, state: FedState, rnd: int, progress) -> tuple[FedState, dict]:
     """Chunks are dispatched asynchronously: the host prepares the next chunk while
@@ -480,6 +468,26 @@ class DenseEngine:
     md, csv_text = report.results_table(method_label(self.config), final, ref)
     report.atomic_write(os.path.join(workdir, 'results.md'), md)
     report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
+
+
+def memory_round(exp: Experiment, p, state: FedState, train: dict,
+                 progress: Callable[[int], None] | None = None) -> tuple[FedState, dict]:
+  """A round on device-resident data (`train`: the source's arrays per dataset) with the
+  programs `p` (`begin`, `round_start`, `train_fns`, `agg_fn`, `stats_fn`: `Programs`,
+  or a sweep's with their values bound, `engines.replicas`)."""
+  state = rounds.begin_round(p.begin, state)
+  start = rounds.round_start(p.round_start, [gs.params for gs in state.groups])
+  groups, metrics = [], []
+  steps = rounds.group_steps(exp)
+  for g, (spec, fn) in enumerate(zip(exp.fed.groups, p.train_fns)):
+    gs, m = fn(state.groups[g], start[g], train[spec.dataset]['train'], state.round,
+               state.rng, rounds.num_rounds(exp))
+    groups.append(gs)
+    metrics.append(m)
+    if progress is not None:
+      jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
+      progress(steps[g])
+  return rounds.aggregate(p.agg_fn, state.replace(groups=groups), start, metrics, p.stats_fn)
 
 
 def divergence(exp: Experiment, rnd: int, health: dict) -> str | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 from typing import Any, Callable
 
 import jax
@@ -38,7 +39,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_mtl import (distributed, evaluation, experiment, fields, hostmem, report, rounds,
                         sweep as sweep_lib)
-from fedjax_mtl.engines.dense import DenseEngine, divergence, programs as dense_programs
+from fedjax_mtl.engines.dense import (DenseEngine, divergence, memory_round,
+                                      programs as dense_programs, with_sharding)
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.experiment import Experiment, per_experiment
 from fedjax_mtl.state import FedState
@@ -201,11 +203,14 @@ class ReplicaEngine(DenseEngine):
     self.num_replicas = sweep.size
     self.label += f' x{self.num_replicas} replicas'
     self.replica_programs = replica_programs(exp)
-    names = sorted({k for r in range(sweep.size) for k in sweep.traced(r)})
-    self._values = {k: jax.device_put(jnp.asarray([float(sweep.traced(r)[k])
-                                                   for r in range(sweep.size)], jnp.float32),
+    self._values = {k: jax.device_put(jnp.asarray([p[k] for p in sweep.points], jnp.float32),
                                       exp.replicated)
-                    for k in names}
+                    for k in sweep.traced_names}
+    v = self.replica_programs  # the round's programs with the replicas' values bound
+    self._round_programs = types.SimpleNamespace(
+        begin=v.begin, round_start=v.round_start, stats_fn=v.stats_fn,
+        train_fns=[functools.partial(f, self._values) for f in v.train_fns],
+        agg_fn=functools.partial(v.agg_fn, self._values))
 
   # ---- state ------------------------------------------------------------------------
 
@@ -215,11 +220,10 @@ class ReplicaEngine(DenseEngine):
   def _states_args(self) -> tuple:
     """Abstract arguments of the replicas' states program (`ReplicaPrograms.init_states`)."""
     pb, rnd, rng = self.exp.init_program.param_shapes
-    on = lambda t, sh: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), t)
-    one = (on(pb, self.exp.client_sharding), on(rnd, self.exp.replicated),
-           on(rng, self.exp.replicated))
-    return on(self._values, self.exp.replicated), [one] * self.num_replicas, None
+    rep = self.exp.replicated
+    one = (with_sharding(pb, self.exp.client_sharding), with_sharding(rnd, rep),
+           with_sharding(rng, rep))
+    return with_sharding(self._values, rep), [one] * self.num_replicas, None
 
   def abstract_state(self) -> FedState:
     """The stacked round-0 state's shapes and shardings."""
@@ -255,16 +259,13 @@ class ReplicaEngine(DenseEngine):
     state = self.abstract_state()
     start = lift_abstract(rounds.abstract_round_start(
         exp, [gs.params for gs in super().abstract_state().groups]), r)
-    values = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-              for k, x in self._values.items()}
+    values = with_sharding(self._values, exp.replicated)
     jobs, metrics = [], []
     for g, (spec, fn) in enumerate(zip(exp.fed.groups, v.train_fns)):
       args = (values, state.groups[g], start[g], self.source.train[spec.dataset]['train'],
               state.round, state.rng, rounds.num_rounds(exp))
       jobs.append((f'train {spec.dataset} x{spec.num_real} x{r} replicas', fn, args))
-      metrics.append(jax.tree.map(
-          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=v.client),
-          jax.eval_shape(fn, *args)[1]))
+      metrics.append(with_sharding(jax.eval_shape(fn, *args)[1], v.client))
     params = [gs.params for gs in state.groups]
     jobs.append(('aggregate', v.agg_fn, (values, rounds.agg_core(state), params, start, metrics)))
     jobs.append(('evaluate', v.eval_fn(), (state.groups, self.source.test)))
@@ -299,22 +300,8 @@ class ReplicaEngine(DenseEngine):
 
   def run_round(self, state: FedState, rnd: int,
                 progress: Callable[[int], None] | None = None) -> tuple[FedState, dict]:
-    """Round `rnd` of every replica (`DenseEngine.run_round`, in memory)."""
-    v, exp = self.replica_programs, self.exp
-    state = rounds.begin_round(v.begin, state)
-    start = rounds.round_start(v.round_start, [gs.params for gs in state.groups])
-    groups, metrics = [], []
-    steps = rounds.group_steps(exp)
-    for g, (spec, fn) in enumerate(zip(exp.fed.groups, v.train_fns)):
-      gs, m = fn(self._values, state.groups[g], start[g], self.source.train[spec.dataset]['train'],
-                 state.round, state.rng, rounds.num_rounds(exp))
-      groups.append(gs)
-      metrics.append(m)
-      if progress is not None:
-        jax.block_until_ready(m['steps'])
-        progress(steps[g])
-    return rounds.aggregate(functools.partial(v.agg_fn, self._values),
-                            state.replace(groups=groups), start, metrics, v.stats_fn)
+    """Round `rnd` of every replica (`dense.memory_round` with the replica programs)."""
+    return memory_round(self.exp, self._round_programs, state, self.source.train, progress)
 
   def replica_out(self, out: PyTree, r: int) -> PyTree:
     """Replica `r`'s part of host outputs (a round's, an evaluation's)."""
@@ -389,7 +376,6 @@ class ReplicaEngine(DenseEngine):
     `report.comparison_table` (Δm against the first point's row)."""
     points: dict[str, list[dict[str, float]]] = {}
     for r in range(self.num_replicas):
-      point = {k: v for k, v in self.sweep.points[r].items() if k != 'seed'}
-      name = ','.join(f'{k}={v:g}' for k, v in point.items()) or self.config.algorithm
+      name = self.sweep.label(r, seed=False) or self.config.algorithm
       points.setdefault(name, []).append(finals[r])
     return report.comparison_table(points, reference=next(iter(points)))
