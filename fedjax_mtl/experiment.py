@@ -101,8 +101,8 @@ def per_experiment(make, keep: int = 2):
 
 
 @functools.lru_cache(maxsize=8)
-def _synthetic(domain, split, n, resolution, seed):
-  return synthetic.generate(domain, split, n, resolution, seed)
+def _synthetic(domain, split, n, resolution, seed, version):
+  return synthetic.generate(domain, split, n, resolution, seed, version=version)
 
 
 def datasets(config) -> list[str]:
@@ -116,7 +116,8 @@ def load_data(config) -> dict[str, dict[str, dict[str, np.ndarray]]]:
   for d in datasets(config):
     res = tuple(config.data.resolution[d])
     out[d] = {split: _synthetic(d, split, int(config.data[f'num_{split}'][d]), res,
-                                int(config.data.seed))
+                                int(config.data.seed),
+                                int(config.data.get('synthetic_version', synthetic.VERSION)))
               for split in ('train', 'test')}
   return out
 

@@ -12,14 +12,20 @@ RES = (64, 64)
 PERSON = 15
 
 
-@pytest.fixture(scope='module')
-def pascal():
-  return synthetic.generate('pascal', 'train', N, RES, seed=0)
+@pytest.fixture(scope='module', params=synthetic.VERSIONS, ids=lambda v: f'v{v}')
+def version(request):
+  """Every test of the scenes' labels holds for each version (`data.synthetic_version`)."""
+  return request.param
 
 
 @pytest.fixture(scope='module')
-def nyud():
-  return synthetic.generate('nyud', 'train', N, RES, seed=0)
+def pascal(version):
+  return synthetic.generate('pascal', 'train', N, RES, seed=0, version=version)
+
+
+@pytest.fixture(scope='module')
+def nyud(version):
+  return synthetic.generate('nyud', 'train', N, RES, seed=0, version=version)
 
 
 @pytest.fixture(scope='module')
@@ -217,8 +223,8 @@ def test_threads_do_not_change_the_scenes(domain):
   assert not np.array_equal(few['image'], one['image'][:16])
 
 
-def test_train_and_test_images_are_distinct(pascal):
-  test = synthetic.generate('pascal', 'test', 50, RES, seed=0)
+def test_train_and_test_images_are_distinct(pascal, version):
+  test = synthetic.generate('pascal', 'test', 50, RES, seed=0, version=version)
   train_flat = pascal['image'].reshape(N, -1)
   for img in test['image'].reshape(50, -1):
     assert not np.any(np.all(train_flat == img, axis=1))
@@ -232,10 +238,11 @@ def test_resolution_is_configurable(res):
       assert v.shape[1:3] == res, (domain, k)
 
 
-def test_domains_differ_in_statistics(pascal, nyud):
+def test_domains_differ_in_statistics(pascal, nyud, version):
   mean_p = pascal['image'].reshape(-1, 3).mean(0)
   mean_n = nyud['image'].reshape(-1, 3).mean(0)
-  mean_p_test = synthetic.generate('pascal', 'test', 100, RES, seed=1)['image'].reshape(-1, 3).mean(0)
+  mean_p_test = synthetic.generate('pascal', 'test', 100, RES, seed=1,
+                                   version=version)['image'].reshape(-1, 3).mean(0)
   # Outdoor scenes are bluish (sky), indoor scenes warmer.
   assert mean_p[2] > mean_p[0] and mean_n[0] > mean_n[2]
   between = np.linalg.norm(mean_p - mean_n)
@@ -249,8 +256,38 @@ def test_domains_differ_in_statistics(pascal, nyud):
   assert np.bincount(pascal['semseg'].ravel()).argmax() == 0
 
 
+def _chromaticity_gap(x) -> float:
+  """The smallest distance between two object classes' mean chromaticity (colour with
+  the brightness divided out: shading does not move it)."""
+  img = x['image'].astype(np.float64)
+  chrom = img / np.maximum(img.sum(-1, keepdims=True), 1.)
+  sem = x['semseg']
+  means = np.array([chrom[sem == c].mean(0) for c in range(1, 21) if np.any(sem == c)])
+  d = np.linalg.norm(means[:, None] - means[None], axis=-1) + np.eye(len(means))
+  return float(d.min())
+
+
+def test_version_2_tells_classes_apart_by_appearance():
+  # Version 2 gives every class its own hue (golden-ratio spread) and stripes; version
+  # 1's random colours put some classes' hues within 0.02 of each other.
+  v1 = synthetic.generate('pascal', 'train', N, RES, seed=0, version=1)
+  v2 = synthetic.generate('pascal', 'train', N, RES, seed=0, version=2)
+  assert _chromaticity_gap(v2) > 0.04 > _chromaticity_gap(v1)
+  # Each class's texture: within an object, brightness varies along its stripes
+  # (against the background's noise), which version 1's plain objects do not.
+  def stripes(x):
+    img, sem = x['image'].astype(np.float64).sum(-1), x['semseg']
+    dx = np.abs(np.diff(img, axis=2))
+    same = sem[:, :, 1:] == sem[:, :, :-1]
+    return dx[same & (sem[:, :, 1:] > 0)].mean() / dx[same & (sem[:, :, 1:] == 0)].mean()
+
+  assert stripes(v2) > 1.5 > stripes(v1)
+
+
 def test_unknown_domain_or_split_raises_config_error():
   with pytest.raises(ConfigError, match="'pascal'"):
     synthetic.generate('cityscapes', 'train', 2)
   with pytest.raises(ConfigError, match="'test'"):
     synthetic.generate('pascal', 'val', 2)
+  with pytest.raises(ConfigError, match='synthetic version'):
+    synthetic.generate('pascal', 'train', 2, version=3)

@@ -12,7 +12,13 @@ visible object decides semseg/parts/saliency, the visible surface gives depth
 and normals (ellipsoids and planes), and edges sit where the visible instance
 changes (semantic and depth discontinuities). The image is shaded from the
 same normals, so tasks correlate the way real ones do. Generation is vectorised
-over images and deterministic in (domain, split, seed).
+over images and deterministic in (domain, split, seed, version).
+
+Versions (`data.synthetic_version`): 1, the default, draws up to 6 small objects
+of random class colours per scene; 2 draws fewer, larger objects (PASCAL 1-3, NYUD
+1-4), each class with its own colour (hues spread by the golden ratio, three
+brightness levels) and stripe texture (4 orientations x 5 frequencies), so that
+the classes are told apart by appearance as real ones are (`configs/hca2.py:bench`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from fedjax_mtl.tasks import IGNORE
 DOMAINS = ('pascal', 'nyud')
 PERSON = 15  # PASCAL VOC class id of "person"
 _MAX_OBJECTS = 6
+_MAX_OBJECTS_V2 = {'pascal': 3, 'nyud': 4}
+VERSIONS = (1, 2)
+VERSION = 1  # the scenes `generate` draws by default (`data.synthetic_version`)
 
 
 def _rng(domain: str, split: str, seed: int) -> np.random.Generator:
@@ -54,7 +63,8 @@ def _ellipsoid(yy, xx, cy, cx, ry, rx):
 
 
 def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
-             seed: int = 0, workers: int | None = None) -> dict[str, np.ndarray]:
+             seed: int = 0, workers: int | None = None,
+             version: int = VERSION) -> dict[str, np.ndarray]:
   """Render `num_images` scenes of `domain`; returns image + all task labels.
 
   Returns uint8 'image' [n,H,W,3] and labels in the real datasets' formats:
@@ -67,17 +77,19 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   """
   check_choice('synthetic domain', domain, DOMAINS)
   check_choice('split', split, ('train', 'test'))
+  check_choice('synthetic version', version, VERSIONS)
   n = int(num_images)
   H, W = int(resolution[0]), int(resolution[1])
-  draws = _draw(domain, _rng(domain, split, seed), n, H, W)
+  draws = (_draw if version == 1 else _draw_v2)(domain, _rng(domain, split, seed), n, H, W)
+  render = _render if version == 1 else _render_v2
   workers = max(1, min(int(workers or hostmem.host_cores()), n // 16 or 1))
   if workers == 1:
-    return _render(domain, draws, H, W)
+    return render(domain, draws, H, W)
   import concurrent.futures
   slices = [slice(a[0], a[-1] + 1) for a in np.array_split(np.arange(n), workers)]
   with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='synthetic') as pool:
     parts = list(pool.map(
-        lambda s: _render(domain, {k: v[s] for k, v in draws.items()}, H, W), slices))
+        lambda s: render(domain, {k: v[s] for k, v in draws.items()}, H, W), slices))
   return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
@@ -108,7 +120,61 @@ def _draw(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> dict
   return d
 
 
-def _render(domain: str, d: dict, H: int, W: int) -> dict[str, np.ndarray]:
+def _draw_v2(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> dict:
+  """Every random number of `n` version-2 scenes (`_draw`'s layout): fewer, larger
+  objects (PASCAL 1-3, NYUD 1-4) and each object's texture phase."""
+  d = {}
+  if domain == 'pascal':
+    d['horizon'] = rng.uniform(0.45, 0.7, size=(n, 1, 1))
+    d['n_obj'] = rng.integers(1, _MAX_OBJECTS_V2['pascal'] + 1, size=n)
+    obj_classes = rng.integers(1, 21, size=(n, _MAX_OBJECTS_V2['pascal']))
+    d['obj_classes'] = np.where(rng.uniform(size=obj_classes.shape) < 0.25, PERSON,
+                                obj_classes)
+  else:
+    d['floor_line'] = rng.uniform(0.55, 0.72, size=(n, 1, 1))
+    d['wall_dist'] = rng.uniform(3., 6., size=(n, 1, 1))
+    d['n_obj'] = rng.integers(1, _MAX_OBJECTS_V2['nyud'] + 1, size=n)
+    d['obj_classes'] = rng.integers(2, 40, size=(n, _MAX_OBJECTS_V2['nyud']))
+  for j in range(_MAX_OBJECTS_V2[domain]):
+    d[f'cy{j}'] = rng.uniform(0.3, 0.75, n)
+    d[f'cx{j}'] = rng.uniform(0.15, 0.85, n)
+    d[f'ry{j}'] = rng.uniform(0.14, 0.34, n)
+    d[f'rx{j}'] = rng.uniform(0.12, 0.3, n)
+    d[f'z0{j}'] = rng.uniform(1.5, 6. if domain == 'nyud' else 20., n)
+    d[f'box{j}'] = rng.uniform(size=n)
+    d[f'phase{j}'] = rng.uniform(0., 2. * np.pi, n)
+  d['tex'] = rng.normal(0., 4., size=(n, H, W, 1))
+  return d
+
+
+def _palette_v2(domain: str, num_classes: int) -> np.ndarray:
+  """[C, 3] colours of version 2: hues spread by the golden ratio (neighbouring class
+  ids far apart on the colour wheel), NYUD's less saturated and warmer."""
+  import colorsys
+  sat, val = (0.8, 0.9) if domain == 'pascal' else (0.55, 0.8)
+  hue = (np.arange(num_classes) * 0.618034 + (0.1 if domain == 'nyud' else 0.)) % 1.
+  pal = np.array([colorsys.hsv_to_rgb(h, sat, val) for h in hue]) * 255.
+  return pal * (0.7 + 0.15 * (np.arange(num_classes) % 3))[:, None]
+
+
+def _stripes(domain: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+  """Each class's texture: stripe orientation (radians) and frequency (cycles per
+  image height), 4 orientations x 5 frequencies, class 0 (and NYUD's 1) plain."""
+  c = np.arange(num_classes)
+  angle = (c % 4) * np.pi / 4
+  freq = 3. + 2. * ((c // 4) % 5)
+  plain = 2 if domain == 'nyud' else 1
+  freq[:plain] = 0.
+  return angle, freq
+
+
+def _render_v2(domain: str, d: dict, H: int, W: int) -> dict[str, np.ndarray]:
+  """Version 2's images and labels (`_draw_v2`'s scenes): `_render`'s geometry and
+  labels; each class has its own colour and stripe texture, shaded by the normals."""
+  return _render(domain, d, H, W, version=2)
+
+
+def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str, np.ndarray]:
   """The images and labels of the scenes drawn in `d` (`_draw`)."""
   n = len(d['n_obj'])
   yy, xx = np.meshgrid((np.arange(H) + .5) / H, (np.arange(W) + .5) / W, indexing='ij')
@@ -140,13 +206,14 @@ def _render(domain: str, d: dict, H: int, W: int) -> dict[str, np.ndarray]:
   depth = depth.astype(np.float64)
   parts = np.zeros((n, H, W), np.int32)
   salient = np.zeros((n, H, W), bool)
+  phase = np.zeros((n, H, W))  # version 2: the visible object's texture phase
 
-  for j in range(_MAX_OBJECTS):
+  for j in range(obj_classes.shape[1]):
     active = j < n_obj
     cls = obj_classes[:, j]
     cy, cx, ry, rx = d[f'cy{j}'], d[f'cx{j}'], d[f'ry{j}'], d[f'rx{j}']
     is_person = (cls == PERSON) if domain == 'pascal' else np.zeros(n, bool)
-    ry = np.where(is_person, np.maximum(ry, 0.18), ry)
+    ry = np.where(is_person, np.maximum(ry, 0.18 if version == 1 else 0.26), ry)
     rx = np.where(is_person, np.minimum(rx, ry * 0.5), rx)
     z0 = d[f'z0{j}']
     bulge = np.minimum(rx, ry) * z0  # ellipsoid depth extent, in metres
@@ -173,6 +240,8 @@ def _render(domain: str, d: dict, H: int, W: int) -> dict[str, np.ndarray]:
     inst = np.where(draw, j + 2, inst)
     normals = np.where(draw[..., None], nvec, normals)
     salient = np.where(draw, True, salient)
+    if version == 2:
+      phase = np.where(draw, d[f'phase{j}'][:, None, None], phase)
     if domain == 'pascal':
       # Parts by body geometry: head, torso, arms, legs (6 parts + background).
       part = np.select(
@@ -186,9 +255,14 @@ def _render(domain: str, d: dict, H: int, W: int) -> dict[str, np.ndarray]:
   edge[:, :, :-1] |= inst[:, :, :-1] != inst[:, :, 1:]
   edge[:, :-1, :] |= inst[:, :-1, :] != inst[:, 1:, :]
 
-  # Appearance: class colour, Lambertian shading from the normals, texture noise.
-  pal = _palette(domain, num_classes)
+  # Appearance: class colour, Lambertian shading from the normals, texture noise
+  # (version 2: and each class's stripes).
+  pal = (_palette if version == 1 else _palette_v2)(domain, num_classes)
   base = pal[sem]
+  if version == 2:
+    angle, freq = _stripes(domain, num_classes)
+    coord = xx * np.cos(angle[sem]) + yy * np.sin(angle[sem])
+    base = base * (1. + 0.25 * np.cos(2. * np.pi * freq[sem] * coord + phase))[..., None]
   if domain == 'pascal':
     sky = (yy < 1.) & (inst == 0)
     base = np.where(sky[..., None], np.stack([110 + 80 * yy, 150 + 60 * yy, 230 + 0 * yy], -1), base)
