@@ -413,10 +413,7 @@ def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> 
       seconds.setdefault(run.name, []).append(per_round / max(len(run.seeds), 1))
   md, csv_text = (many_task_table(results, a.reference, bits, seconds) if many
                   else report.comparison_table(results, a.reference, seconds, pairs))
-  os.makedirs(a.out, exist_ok=True)
-  report.atomic_write(os.path.join(a.out, 'comparison.md'), md)
-  report.atomic_write(os.path.join(a.out, 'comparison.csv'), csv_text)
-  print(md)
+  report.write_table(a.out, 'comparison', md, csv_text)
   return results
 
 

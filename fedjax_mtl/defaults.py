@@ -248,8 +248,9 @@ def spare(c: ml_collections.ConfigDict, *names: str) -> None:
 
 def bench_setting(c: ml_collections.ConfigDict) -> None:
   """The synthetic benchmark on which the dense tasks learn (`configs/<algorithm>.py:bench`,
-  about 3-4 minutes a run on 2 CPU cores): version-2 scenes (a colour and texture per
-  class), 1,000 PASCAL-like images over its clients and 240 NYUD-like, the small
+  about 3-4 minutes a run on 2 CPU cores): version-2 scenes (`data.synthetic_version`:
+  a colour and texture per class, perspective, bumps, a light per scene, the nearest
+  object salient), 1,000 PASCAL-like images over its clients and 240 NYUD-like, the small
   conv encoder from scratch at lr 5e-3 without warm-up (from scratch, the default's
   Swin-nano and its warm-up epochs at 1.25e-7 leave the 21- and 40-class segmentation
   at the majority class), 2 PASCAL epochs a round and 16 rounds."""

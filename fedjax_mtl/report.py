@@ -27,6 +27,14 @@ def atomic_write(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
+def write_table(folder: str, stem: str, md: str, csv_text: str) -> None:
+  """`folder`/`stem`.md and .csv (the folder made if needed), then the markdown on stdout."""
+  os.makedirs(folder, exist_ok=True)
+  atomic_write(os.path.join(folder, f'{stem}.md'), md)
+  atomic_write(os.path.join(folder, f'{stem}.csv'), csv_text)
+  print(md)
+
+
 def read_jsonl(path: str) -> list[dict]:
   """All rows of a jsonl file ([] if absent)."""
   if not os.path.exists(path):

@@ -44,6 +44,10 @@ LAYOUTS: dict[str, list[tuple]] = {
     'pascal_st': [_st('pascal', P_TASKS)],
     # NTKFedAvg's benchmark A (MaT-FL's setting) with 2 clients per task.
     'pascal_st_2c': [_st('pascal', P_TASKS, 2)],
+    # One multi-task client holding all of a dataset's training data and tasks: the
+    # centrally trained model (scripts/task_band.py's ceiling).
+    'pascal_mt': [_mt('pascal', P_TASKS)],
+    'nyud_mt': [_mt('nyud', N_TASKS)],
 }
 
 

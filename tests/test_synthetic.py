@@ -118,11 +118,19 @@ def test_no_person_class_in_nyud(nyud):
 # Cross-task consistency
 
 
-def test_saliency_marks_exactly_the_objects(pascal):
-  # PASCAL background (sky and ground) is class 0; every object is salient.
-  np.testing.assert_array_equal(pascal['sal'] == 1, pascal['semseg'] != 0)
-  frac = pascal['sal'].mean()
+def test_saliency_marks_the_objects(pascal, version):
+  # PASCAL background (sky and ground) is class 0. Version 1: every object is
+  # salient; version 2: exactly one object per scene, the nearest (its pixels are
+  # one class, and it is never behind another object: no larger depth than theirs).
+  sal, sem = pascal['sal'] == 1, pascal['semseg']
+  frac = sal.mean()
   assert 0.02 < frac < 0.9
+  if version == 1:
+    np.testing.assert_array_equal(sal, sem != 0)
+    return
+  assert np.all(sem[sal] != 0) and np.all(sal.any(axis=(1, 2)))
+  for s_img, c_img in zip(sal, sem):
+    assert len(np.unique(c_img[s_img])) == 1
 
 
 @pytest.mark.parametrize('domain', DOMAINS)
@@ -174,7 +182,7 @@ def test_floor_gets_closer_towards_the_bottom(nyud):
   assert np.all(d[:, 1:, :][both_floor] < d[:, :-1, :][both_floor])
   # Wall (0) and floor (1) exist in every room; the floor faces up (y = -1).
   assert np.all(np.any(sem == 0, axis=(1, 2))) and np.all(np.any(sem == 1, axis=(1, 2)))
-  floor_n = nyud['normals'][sem == 1]
+  floor_n = nyud['normals'][sem == 1]  # (version 2's bumps leave edge-on planes flat)
   np.testing.assert_allclose(floor_n, np.broadcast_to([0., -1., 0.], floor_n.shape), atol=1e-6)
 
 
@@ -267,21 +275,43 @@ def _chromaticity_gap(x) -> float:
   return float(d.min())
 
 
+def test_version_2_bumps_tilt_normals_in_the_tangent_plane():
+  # n' = normalise(n + gx t1 + gy t2) turns n by atan(|g|) when that stays within 0.95
+  # of n's elevation towards the camera, by atan(0.95 tan(elevation)) when not.
+  rng = np.random.default_rng(0)
+  n = rng.normal(size=(2, 3, 50, 3))
+  n[..., 2] = np.abs(n[..., 2])
+  n /= np.linalg.norm(n, axis=-1, keepdims=True)
+  gx, gy = rng.normal(size=(2, 2, 3, 50)) * 0.5
+  out = synthetic._bumped(n.astype(np.float32), gx, gy)
+  turn = np.arccos(np.clip(np.sum(out * n, -1), -1., 1.))
+  elev = np.arcsin(n[..., 2])
+  want = np.minimum(np.arctan(np.hypot(gx, gy)), np.arctan(0.95 * np.tan(elev)))
+  np.testing.assert_allclose(turn, want, atol=1e-5)  # float32 output
+  assert np.all(out[..., 2] >= 0.)
+  np.testing.assert_allclose(np.linalg.norm(out, axis=-1), 1., atol=1e-6)
+
+
 def test_version_2_tells_classes_apart_by_appearance():
   # Version 2 gives every class its own hue (golden-ratio spread) and stripes; version
   # 1's random colours put some classes' hues within 0.02 of each other.
   v1 = synthetic.generate('pascal', 'train', N, RES, seed=0, version=1)
   v2 = synthetic.generate('pascal', 'train', N, RES, seed=0, version=2)
   assert _chromaticity_gap(v2) > 0.04 > _chromaticity_gap(v1)
-  # Each class's texture: within an object, brightness varies along its stripes
-  # (against the background's noise), which version 1's plain objects do not.
-  def stripes(x):
+  # Each class's texture: with the noise and bumps left out, brightness still varies
+  # along an object's stripes, twice as much as across version 1's shaded plain ones.
+  def within_objects(version):
+    draw = synthetic._draw if version == 1 else synthetic._draw_v2
+    d = draw('pascal', np.random.default_rng(0), 50, *RES)
+    d['tex'] = np.zeros_like(d['tex'])
+    if version == 2:
+      d['bump_slope'] = np.zeros_like(d['bump_slope'])
+    x = synthetic._render('pascal', d, *RES, version=version)
     img, sem = x['image'].astype(np.float64).sum(-1), x['semseg']
-    dx = np.abs(np.diff(img, axis=2))
-    same = sem[:, :, 1:] == sem[:, :, :-1]
-    return dx[same & (sem[:, :, 1:] > 0)].mean() / dx[same & (sem[:, :, 1:] == 0)].mean()
+    same = (sem[:, :, 1:] == sem[:, :, :-1]) & (sem[:, :, 1:] > 0)
+    return np.abs(np.diff(img, axis=2))[same].mean()
 
-  assert stripes(v2) > 1.5 > stripes(v1)
+  assert within_objects(2) > 2 * within_objects(1)  # 33 vs 14 (v1: small shaded objects)
 
 
 def test_unknown_domain_or_split_raises_config_error():

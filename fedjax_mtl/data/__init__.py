@@ -39,8 +39,10 @@ CONFIG = fields.Block('data', {
     'resolution': Field({'pascal': (64, 64), 'nyud': (64, 64)}, 'per dataset: (height, '
                         'width) of training and test images', SIZE, per_dataset=True),
     'synthetic_version': Field(1, 'synthetic data: scene version (1: up to 6 small objects '
-                               'of random colours; 2: 1-3 / 1-4 large objects, a colour '
-                               'and stripe texture per class: fedjax_mtl/data/synthetic.py)',
+                               'of random colours; 2: fewer objects in perspective, a '
+                               'colour and stripe texture per class, bumps, a light per '
+                               'scene, the nearest object salient: '
+                               'fedjax_mtl/data/synthetic.py)',
                                choices=(1, 2)),
     'num_train': Field({'pascal': 400, 'nyud': 120}, 'synthetic data, per dataset: number '
                        'of train images', at_least(1), per_dataset=True),

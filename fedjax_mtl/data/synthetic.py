@@ -15,10 +15,15 @@ same normals, so tasks correlate the way real ones do. Generation is vectorised
 over images and deterministic in (domain, split, seed, version).
 
 Versions (`data.synthetic_version`): 1, the default, draws up to 6 small objects
-of random class colours per scene; 2 draws fewer, larger objects (PASCAL 1-3, NYUD
-1-4), each class with its own colour (hues spread by the golden ratio, three
-brightness levels) and stripe texture (4 orientations x 5 frequencies), so that
-the classes are told apart by appearance as real ones are (`configs/hca2.py:bench`).
+of random class colours per scene, every object salient, one light. 2
+(`configs/hca2.py:bench`) draws fewer objects (PASCAL 1-3, NYUD 1-4) whose apparent
+size falls with distance (perspective), each class with its own colour (hues
+spread by the golden ratio, three brightness levels) and stripe texture (4
+orientations x 5 frequencies), so that classes are told apart by appearance as
+real ones are; every surface carries a random bump field (its normals tilt, as
+its shading shows), the light direction changes from scene to scene (shading no
+longer gives the normals by itself), only the nearest object is salient, and the
+pixel noise is stronger (sigma 14 instead of 8).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ DOMAINS = ('pascal', 'nyud')
 PERSON = 15  # PASCAL VOC class id of "person"
 _MAX_OBJECTS = 6
 _MAX_OBJECTS_V2 = {'pascal': 3, 'nyud': 4}
+_BUMPS = 4  # version 2: sinusoids of each scene's bump field
 VERSIONS = (1, 2)
 VERSION = 1  # the scenes `generate` draws by default (`data.synthetic_version`)
 
@@ -121,8 +127,10 @@ def _draw(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> dict
 
 
 def _draw_v2(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> dict:
-  """Every random number of `n` version-2 scenes (`_draw`'s layout): fewer, larger
-  objects (PASCAL 1-3, NYUD 1-4) and each object's texture phase."""
+  """Every random number of `n` version-2 scenes (`_draw`'s layout): fewer objects
+  (PASCAL 1-3, NYUD 1-4) whose apparent size falls with their distance
+  (perspective: size ~ 1 / z0), each object's texture phase, and each scene's light
+  direction."""
   d = {}
   if domain == 'pascal':
     d['horizon'] = rng.uniform(0.45, 0.7, size=(n, 1, 1))
@@ -135,16 +143,59 @@ def _draw_v2(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> d
     d['wall_dist'] = rng.uniform(3., 6., size=(n, 1, 1))
     d['n_obj'] = rng.integers(1, _MAX_OBJECTS_V2['nyud'] + 1, size=n)
     d['obj_classes'] = rng.integers(2, 40, size=(n, _MAX_OBJECTS_V2['nyud']))
+  # Distances: PASCAL 3-9 m, NYUD 1.5-4.5 m (in front of the 3-6 m wall); the size
+  # at the nearest distance is about 0.4 of the image height.
+  z_min, z_max = (3., 9.) if domain == 'pascal' else (1.5, 4.5)
   for j in range(_MAX_OBJECTS_V2[domain]):
     d[f'cy{j}'] = rng.uniform(0.3, 0.75, n)
     d[f'cx{j}'] = rng.uniform(0.15, 0.85, n)
-    d[f'ry{j}'] = rng.uniform(0.14, 0.34, n)
-    d[f'rx{j}'] = rng.uniform(0.12, 0.3, n)
-    d[f'z0{j}'] = rng.uniform(1.5, 6. if domain == 'nyud' else 20., n)
+    z0 = rng.uniform(z_min, z_max, n)
+    d[f'z0{j}'] = z0
+    d[f'ry{j}'] = rng.uniform(0.85, 1.15, n) * 0.4 * z_min / z0
+    d[f'rx{j}'] = rng.uniform(0.6, 1.0, n) * 0.4 * z_min / z0
     d[f'box{j}'] = rng.uniform(size=n)
     d[f'phase{j}'] = rng.uniform(0., 2. * np.pi, n)
-  d['tex'] = rng.normal(0., 4., size=(n, H, W, 1))
+  d['light'] = np.stack([rng.uniform(-0.6, 0.6, n), rng.uniform(-0.2, 0.8, n),
+                         rng.uniform(0.5, 1., n)], -1)
+  # Bumps on every surface: 4 sinusoids of 2-6 cycles per image, each tilting the
+  # normals by up to atan(0.4) (about 22 degrees).
+  d['bump_freq'] = rng.uniform(2., 6., size=(n, _BUMPS)) * np.exp(
+      1j * rng.uniform(0., 2. * np.pi, size=(n, _BUMPS)))
+  d['bump_phase'] = rng.uniform(0., 2. * np.pi, size=(n, _BUMPS))
+  d['bump_slope'] = rng.uniform(0., 0.4, size=(n, _BUMPS))
+  d['tex'] = rng.normal(0., 14., size=(n, H, W, 1))
   return d
+
+
+def _bump_slopes(d: dict, yy: np.ndarray, xx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(dh/dx, dh/dy) [n, H, W] of each scene's bump field h = sum_k a_k sin(2 pi f_k.(x, y)
+  + phi_k), each term's slope amplitude `bump_slope` (so a_k = slope / (2 pi |f_k|))."""
+  f = d['bump_freq']  # [n, K] complex: x + iy frequency, cycles per image
+  fx, fy = f.real[:, :, None, None], f.imag[:, :, None, None]
+  arg = 2. * np.pi * (fx * xx[:, None] + fy * yy[:, None]) + d['bump_phase'][:, :, None, None]
+  amp = (d['bump_slope'] / np.abs(f))[:, :, None, None]  # slope / |f| (2 pi cancels)
+  c = np.cos(arg) * amp
+  return (c * fx).sum(1), (c * fy).sum(1)
+
+
+def _bumped(normals: np.ndarray, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
+  """`normals` [n, H, W, 3] tilted within each surface's tangent plane by the slopes
+  (gx, gy): n' = normalise(n + gx t1 + gy t2), t1 the x axis projected onto the
+  plane (the y axis where n is nearly along x), t2 = n x t1; the tilt is atan(|g|),
+  limited to 0.95 of the normal's elevation towards the camera (n' still faces it;
+  planes seen edge-on, the ground and floor, stay flat)."""
+  n = normals.astype(np.float64)
+  g = np.hypot(gx, gy)
+  nz = np.clip(n[..., 2], 0., 1.)
+  tan_e = nz / np.sqrt(np.maximum(1. - nz * nz, 1e-12))
+  scale = np.minimum(1., 0.95 * tan_e / np.maximum(g, 1e-12))
+  gx, gy = gx * scale, gy * scale
+  a = np.where((np.abs(n[..., :1]) < 0.9), np.array([1., 0., 0.]), np.array([0., 1., 0.]))
+  t1 = a - np.sum(a * n, -1, keepdims=True) * n
+  t1 /= np.linalg.norm(t1, axis=-1, keepdims=True)
+  t2 = np.cross(n, t1)
+  out = n + gx[..., None] * t1 + gy[..., None] * t2
+  return (out / np.linalg.norm(out, axis=-1, keepdims=True)).astype(np.float32)
 
 
 def _palette_v2(domain: str, num_classes: int) -> np.ndarray:
@@ -250,6 +301,15 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
       pdraw = draw & is_person[:, None, None]
       parts = np.where(draw, np.where(pdraw, part, 0), parts)
 
+  if version == 2:  # bumps: the bump field's slope tilts every surface's normal
+    normals = _bumped(normals, *_bump_slopes(d, yy, xx))
+  if version == 2:  # salient: the nearest (largest-looking) visible object only
+    ids = np.arange(obj_classes.shape[1])
+    seen = np.stack([np.any(inst == j + 2, axis=(1, 2)) for j in ids], 1)
+    z = np.where(seen & (ids[None] < n_obj[:, None]),
+                 np.stack([d[f'z0{j}'] for j in ids], 1), np.inf)
+    salient = (inst == (np.argmin(z, 1) + 2)[:, None, None]) & np.isfinite(z.min(1))[:, None, None]
+
   # Edges where the visible instance changes (semantic + depth discontinuities).
   edge = np.zeros((n, H, W), bool)
   edge[:, :, :-1] |= inst[:, :, :-1] != inst[:, :, 1:]
@@ -262,13 +322,18 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
   if version == 2:
     angle, freq = _stripes(domain, num_classes)
     coord = xx * np.cos(angle[sem]) + yy * np.sin(angle[sem])
-    base = base * (1. + 0.25 * np.cos(2. * np.pi * freq[sem] * coord + phase))[..., None]
+    base = base * (1. + 0.4 * np.cos(2. * np.pi * freq[sem] * coord + phase))[..., None]
   if domain == 'pascal':
     sky = (yy < 1.) & (inst == 0)
     base = np.where(sky[..., None], np.stack([110 + 80 * yy, 150 + 60 * yy, 230 + 0 * yy], -1), base)
-  light = np.array([0.3, 0.5, 0.81])
-  light /= np.linalg.norm(light)
-  shade = 0.45 + 0.55 * np.clip(normals @ light, 0., 1.)
+  if version == 1:
+    light = np.array([0.3, 0.5, 0.81])
+    light /= np.linalg.norm(light)
+    lambert = normals @ light
+  else:  # each scene's own light direction
+    light = d['light'] / np.linalg.norm(d['light'], axis=-1, keepdims=True)
+    lambert = np.einsum('nhwc,nc->nhw', normals, light)
+  shade = 0.45 + 0.55 * np.clip(lambert, 0., 1.)
   tex = d['tex']
   image = np.clip(base * shade[..., None] + tex, 0, 255).astype(np.uint8)
 
