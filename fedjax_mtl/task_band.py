@@ -7,9 +7,11 @@ For the config variant `--variant` ('' = the default synthetic benchmark) it run
 (or reuses, as scripts/compare.py does) in OUT/<name>/...:
 
 - `local`: `configs/local.py[:variant]`, and `fedhca2`: `configs/hca2.py[:variant]`;
-- `ceiling_<dataset>`: one model trained centrally on all of the dataset's
-  training data and tasks (`scenario=<dataset>_mt`: one multi-task client) for
-  `--ceiling_factor` (10) times the variant's rounds, with Local.
+- `ceiling_<dataset>`: one model trained centrally on all of the dataset's tasks
+  (`scenario=<dataset>_mt`: one multi-task client) with Local, on `--ceiling_data`
+  (10) times the variant's synthetic training images (freshly drawn) for
+  `--ceiling_rounds` (1) times its rounds: at the same local epochs, 10x the steps.
+  (Ten times the rounds on the same images is not a ceiling: it overfits them.)
 
 The trivial predictor of each task is `fedjax_mtl.trivial`'s (input-independent,
 fitted on the training split). Per dataset and task the table gives the four
@@ -52,19 +54,22 @@ def position(trivial: float, ceiling: float, value: float) -> float:
   return float('nan') if gap == 0 else 100. * (value - trivial) / gap
 
 
-def plan_specs(variant: str, base, factor: int) -> list[str]:
+def plan_specs(variant: str, base, rounds_factor: int = 1, data_factor: int = 10) -> list[str]:
   """The --run items of the band's runs (`base`: the variant's Local config, whose
-  `tasks`, if it names some, the ceilings keep; `factor`: the ceilings' rounds as a
-  multiple of its rounds)."""
+  `tasks`, if it names some, the ceilings keep; the ceilings' rounds and synthetic
+  training images as multiples of its own)."""
   arg = f':{variant}' if variant else ''
-  rounds = int(base.num_rounds) * factor
+  rounds = int(base.num_rounds) * rounds_factor
+  images = ','.join(f"'{d}':{int(n) * data_factor}" for d, n in base.data.num_train.items())
   chosen = [t.strip() for t in str(base.tasks).split(',') if t.strip()]
   specs = [f'local=configs/local.py{arg}', f'fedhca2=configs/hca2.py{arg}']
   for d, info in tasks_lib.DATASETS.items():
     keep = [t for t in info.tasks if not chosen or t in chosen]
     if keep:
       specs.append(f'ceiling_{d}=configs/local.py{arg} scenario={d}_mt num_rounds={rounds} '
-                   f'eval_every={rounds}' + (f' tasks={",".join(keep)}' if chosen else ''))
+                   f'eval_every={rounds}'
+                   + (f' data.num_train={{{images}}}' if data_factor != 1 else '')
+                   + (f' tasks={",".join(keep)}' if chosen else ''))
   return specs
 
 
@@ -101,8 +106,10 @@ def main(argv: list[str] | None = None) -> str:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--variant', default='', help="config variant, e.g. bench ('' = default)")
   p.add_argument('--out', required=True, help='output folder: OUT/<name>/..., OUT/band.md, .csv')
-  p.add_argument('--ceiling_factor', type=int, default=10,
-                 help="the ceiling's rounds as a multiple of the variant's")
+  p.add_argument('--ceiling_data', type=int, default=10,
+                 help="the ceilings' synthetic training images as a multiple of the variant's")
+  p.add_argument('--ceiling_rounds', type=int, default=1,
+                 help="the ceilings' rounds as a multiple of the variant's")
   p.add_argument('--ceiling_seeds', default='',
                  help="the ceilings' seeds ('' = the first of --seeds: a ceiling is one "
                       'reference point, and the longest runs)')
@@ -112,13 +119,17 @@ def main(argv: list[str] | None = None) -> str:
     seeds = [int(s) for s in a.seeds.split(',')]
     ceiling_seeds = ([int(s) for s in a.ceiling_seeds.split(',')] if a.ceiling_seeds
                      else seeds[:1])
-    if a.ceiling_factor < 1:
-      raise ConfigError(f'--ceiling_factor={a.ceiling_factor}: must be at least 1')
+    if min(a.ceiling_data, a.ceiling_rounds) < 1:
+      raise ConfigError(f'--ceiling_data={a.ceiling_data} and --ceiling_rounds='
+                        f'{a.ceiling_rounds}: each must be at least 1')
     base = compare.load_config('configs/local.py' + (f':{a.variant}' if a.variant else ''))
+    if a.ceiling_data != 1 and base.data.source != 'synthetic':
+      raise ConfigError(f'--ceiling_data={a.ceiling_data} draws more synthetic images; '
+                        f'data.source={base.data.source!r} has the images it has: use 1')
     from fedjax_mtl import trivial
     compare.use_xla_cache(a.xla_cache_dir)
     with contextlib.ExitStack() as hold:
-      specs = plan_specs(a.variant, base, a.ceiling_factor)
+      specs = plan_specs(a.variant, base, a.ceiling_rounds, a.ceiling_data)
       plan = [run for group, s in ((specs[:2], seeds), (specs[2:], ceiling_seeds))
               for run in compare.plan_runs(group, s, a.out, a.rerun_changed, hold,
                                            replicas=not a.no_replicas)]

@@ -31,16 +31,18 @@ def test_table_averages_seeds_and_marks_the_band():
   assert '| nyud/depth | RMSE↓ |' in md and '| 40 | yes |' in md
 
 
-def test_plan_runs_the_variant_and_central_ceilings_at_the_factor():
+def test_plan_runs_the_variant_and_central_ceilings_on_more_data():
   base = compare.load_config('configs/local.py:smoke')
-  specs = task_band.plan_specs('smoke', base, 10)
+  specs = task_band.plan_specs('smoke', base, 2, 10)
   assert specs[:2] == ['local=configs/local.py:smoke', 'fedhca2=configs/hca2.py:smoke']
   # smoke leaves normals out: the ceilings keep the variant's tasks of their dataset.
   assert specs[2] == ('ceiling_pascal=configs/local.py:smoke scenario=pascal_mt '
-                      'num_rounds=30 eval_every=30 tasks=semseg,human_parts,sal,edge')
+                      "num_rounds=6 eval_every=6 data.num_train={'nyud':160,'pascal':800} "
+                      'tasks=semseg,human_parts,sal,edge')
   assert specs[3].startswith('ceiling_nyud=configs/local.py:smoke scenario=nyud_mt')
-  assert task_band.plan_specs('', compare.load_config('configs/local.py'), 10)[2] == (
+  assert task_band.plan_specs('', compare.load_config('configs/local.py'), 10, 1)[2] == (
       'ceiling_pascal=configs/local.py scenario=pascal_mt num_rounds=80 eval_every=80')
-  # Every planned config is valid (scenario, task subset).
+  # Every planned config is valid (scenario, images, task subset).
   plan = compare.plan_runs(specs, [0], '/nonexistent/band')
   assert [r.config.scenario for r in plan][2:] == ['pascal_mt', 'nyud_mt']
+  assert plan[2].config.data.num_train['pascal'] == 800
