@@ -17,8 +17,8 @@ The trivial predictor of each task is `fedjax_mtl.trivial`'s (input-independent,
 fitted on the training split). Per dataset and task the table gives the four
 values (each client's final metric, averaged over the clients holding the task,
 then mean ± std over the seeds) and Local's position, 100 (Local − trivial) /
-(ceiling − trivial) %: the issue's band is 30-80 % (learnable in the budget, with
-room left for methods to differ). Writes OUT/band.md and OUT/band.csv.
+(ceiling − trivial) %, and whether it lies in the band of 30-80 % (learnable in the
+budget, with room left for methods to differ). Writes OUT/band.md and OUT/band.csv.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def table(trivial: dict[str, float], runs: dict[str, list[dict[str, float]]],
           sal_metric: str = 'maxF') -> tuple[str, str]:
   """(band.md, band.csv) from the trivial values and each run's per-seed task values."""
   head = ['dataset/task', 'metric', 'trivial', 'ceiling', 'Local', 'FedHCA2',
-          'Local position (%)', 'in 30-80 %']
+          'Local position (%)', f'in {BAND[0]:.0f}-{BAND[1]:.0f} %']
   md = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   csv = ['dataset,task,metric,trivial,ceiling,local_mean,local_std,fedhca2_mean,fedhca2_std,'
          'local_position']
@@ -94,8 +94,7 @@ def table(trivial: dict[str, float], runs: dict[str, list[dict[str, float]]],
               f'{report.mean_std(local)} | {report.mean_std(hca2)} | {pos:.0f} | '
               f'{"yes" if ok else "no"} |')
     csv.append(f'{d},{t},{metric},{trivial[key]},{ceil},{np.mean(local)},{np.std(local)},'
-               f'{np.mean(hca2) if hca2 else float("nan")},'
-               f'{np.std(hca2) if hca2 else float("nan")},{pos}')
+               f'{np.mean(hca2)},{np.std(hca2)},{pos}')
   return '\n'.join(md) + '\n', '\n'.join(csv) + '\n'
 
 
@@ -116,9 +115,13 @@ def main(argv: list[str] | None = None) -> str:
   compare.add_run_flags(p)
   a = p.parse_args(argv)
   try:
-    seeds = [int(s) for s in a.seeds.split(',')]
-    ceiling_seeds = ([int(s) for s in a.ceiling_seeds.split(',')] if a.ceiling_seeds
-                     else seeds[:1])
+    try:
+      seeds = [int(s) for s in a.seeds.split(',')]
+      ceiling_seeds = ([int(s) for s in a.ceiling_seeds.split(',')] if a.ceiling_seeds
+                       else seeds[:1])
+    except ValueError:
+      raise ConfigError(f'--seeds={a.seeds} / --ceiling_seeds={a.ceiling_seeds}: expected '
+                        'comma-separated integers, e.g. 0,1') from None
     if min(a.ceiling_data, a.ceiling_rounds) < 1:
       raise ConfigError(f'--ceiling_data={a.ceiling_data} and --ceiling_rounds='
                         f'{a.ceiling_rounds}: each must be at least 1')
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> str:
         compare.execute(run)
         for _, wd in compare.run_dirs(run):
           runs.setdefault(run.name, []).append(task_values(wd))
-  except (ConfigError, ValueError) as e:
+  except ConfigError as e:
     print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
     raise SystemExit(2) from None
   md, csv = table(trivial.trivial_metrics(base), runs, str(base.get('sal_metric', 'maxF')))

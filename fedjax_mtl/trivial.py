@@ -28,51 +28,40 @@ from fedjax_mtl.metrics import edge as edge_lib
 from fedjax_mtl.tasks import IGNORE
 
 
-def _logits_of_class(c: int, channels: int, shape: tuple) -> jnp.ndarray:
-  out = np.full(shape + (channels,), -10., np.float32)
-  out[..., c] = 10.
-  return jnp.asarray(out)
-
-
 def task_metric(dataset: str, task: str, train: dict, test: dict,
                 sal_metric: str = 'maxF') -> float:
   """The trivial predictor's metric of `task` (module docstring)."""
   info = tasks_lib.DATASETS[dataset]
   y, gt = np.asarray(train[task]), np.asarray(test[task])
-  shape = gt.shape[:3]
-  if task in ('semseg', 'human_parts'):
-    counts = np.bincount(y[y != IGNORE].ravel().astype(np.int64),
-                         minlength=info.channels(task))
-    logits = _logits_of_class(int(np.argmax(counts)), info.channels(task), shape)
-    return dense.finalize(task, dense.task_stats(task, logits, jnp.asarray(gt),
-                                                 info.channels(task)))
-  if task == 'sal':
-    p = float(np.mean(y[y != IGNORE] == 1))
-    logit = np.log(p / (1. - p))
-    out = np.zeros(shape + (2,), np.float32)
-    out[..., 1] = logit
-    return dense.finalize(task, dense.task_stats(task, jnp.asarray(out), jnp.asarray(gt), 2,
-                                                 sal_metric))
-  if task == 'normals':
-    valid = np.all(y != IGNORE, -1)
-    m = y[valid].astype(np.float64).mean(0)
-    out = np.broadcast_to((m / np.linalg.norm(m)).astype(np.float32), gt.shape)
-    return dense.finalize(task, dense.task_stats(task, jnp.asarray(out), jnp.asarray(gt), 3))
-  if task == 'depth':
-    valid = (y > 0) & (y < 80)
-    out = np.full(shape + (1,), float(y[valid].mean()), np.float32)
-    return dense.finalize(task, dense.task_stats(task, jnp.asarray(out), jnp.asarray(gt), 1))
-  if task == 'edge':
+  if task == 'edge':  # odsF is scored on the host, from edge probabilities
     prior = np.mean(y == 1, axis=0)  # [H, W]
     acc = edge_lib.EdgeODSAccumulator(max_dist=info.edge_max_dist)
     acc.update(np.broadcast_to(prior, gt.shape), gt)
     return 100. * edge_lib.ods_from_counts(acc.counts, acc.thresholds)['odsF']
-  raise KeyError(task)
+  # The constant prediction, in the model's output layout [n, H, W, channels].
+  channels = info.channels(task)
+  out = np.zeros(gt.shape[:3] + (channels,), np.float32)
+  if task in ('semseg', 'human_parts'):  # the majority class's logit far above the rest
+    counts = np.bincount(y[y != IGNORE].ravel().astype(np.int64), minlength=channels)
+    out[:] = -10.
+    out[..., int(np.argmax(counts))] = 10.
+  elif task == 'sal':  # softmax probability p of "salient" everywhere
+    p = float(np.mean(y[y != IGNORE] == 1))
+    out[..., 1] = np.log(p / (1. - p))
+  elif task == 'normals':
+    m = y[np.all(y != IGNORE, -1)].astype(np.float64).mean(0)
+    out[:] = m / np.linalg.norm(m)
+  elif task == 'depth':
+    out[:] = y[(y > 0) & (y < 80)].mean()
+  else:
+    raise KeyError(task)
+  return dense.finalize(task, dense.task_stats(task, jnp.asarray(out), jnp.asarray(gt),
+                                               channels, sal_metric))
 
 
 def trivial_metrics(config) -> dict[str, float]:
   """{dataset/task: the trivial predictor's metric} on `config`'s synthetic data, for
-  every task a client of its scenario holds."""
+  every task of the datasets its scenario uses."""
   data = experiment.load_data(config)
   out = {}
   for d in sorted(data):

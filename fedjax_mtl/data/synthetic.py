@@ -28,6 +28,7 @@ pixel noise is stronger (sigma 14 instead of 8).
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -87,7 +88,7 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   n = int(num_images)
   H, W = int(resolution[0]), int(resolution[1])
   draws = (_draw if version == 1 else _draw_v2)(domain, _rng(domain, split, seed), n, H, W)
-  render = _render if version == 1 else _render_v2
+  render = functools.partial(_render, version=version)
   workers = max(1, min(int(workers or hostmem.host_cores()), n // 16 or 1))
   if workers == 1:
     return render(domain, draws, H, W)
@@ -219,14 +220,10 @@ def _stripes(domain: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
   return angle, freq
 
 
-def _render_v2(domain: str, d: dict, H: int, W: int) -> dict[str, np.ndarray]:
-  """Version 2's images and labels (`_draw_v2`'s scenes): `_render`'s geometry and
-  labels; each class has its own colour and stripe texture, shaded by the normals."""
-  return _render(domain, d, H, W, version=2)
-
-
 def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str, np.ndarray]:
-  """The images and labels of the scenes drawn in `d` (`_draw`)."""
+  """The images and labels of the scenes drawn in `d` (`_draw`, or `_draw_v2` for
+  `version` 2: the same geometry and labels, with version 2's appearance, bumps,
+  lights and saliency)."""
   n = len(d['n_obj'])
   yy, xx = np.meshgrid((np.arange(H) + .5) / H, (np.arange(W) + .5) / W, indexing='ij')
   yy = np.broadcast_to(yy, (n, H, W))
@@ -301,9 +298,10 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
       pdraw = draw & is_person[:, None, None]
       parts = np.where(draw, np.where(pdraw, part, 0), parts)
 
-  if version == 2:  # bumps: the bump field's slope tilts every surface's normal
+  if version == 2:
+    # Bumps: the bump field's slope tilts every surface's normal.
     normals = _bumped(normals, *_bump_slopes(d, yy, xx))
-  if version == 2:  # salient: the nearest (largest-looking) visible object only
+    # Salient: the nearest (largest-looking) visible object only.
     ids = np.arange(obj_classes.shape[1])
     seen = np.stack([np.any(inst == j + 2, axis=(1, 2)) for j in ids], 1)
     z = np.where(seen & (ids[None] < n_obj[:, None]),
