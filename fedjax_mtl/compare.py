@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fedjax_mtl import report
+from fedjax_mtl import comm, report
 from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.errors import ConfigError
 
@@ -401,6 +401,7 @@ def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> 
   results: dict[str, list[dict[str, float]]] = {}
   seconds: dict[str, list[float]] = {}
   bits: dict[str, list[float]] = {}
+  rows: dict[str, list[list[dict]]] = {}  # method -> each seed's metrics.jsonl rows
   for run in plan:
     execute(run)
     # A sweep's round serves all its replicas: the seconds per round of one replica.
@@ -410,11 +411,35 @@ def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> 
           (final_accuracy if many else report.final_metrics)(wd))
       if many:
         bits.setdefault(run.name, []).append(bits_per_task(wd))
+      else:
+        rows.setdefault(run.name, []).append(
+            report.read_jsonl(os.path.join(wd, 'metrics.jsonl')))
       seconds.setdefault(run.name, []).append(per_round / max(len(run.seeds), 1))
+  traffic = {m: [comm.totals(r) for r in rs] for m, rs in rows.items()}
   md, csv_text = (many_task_table(results, a.reference, bits, seconds) if many
-                  else report.comparison_table(results, a.reference, seconds, pairs))
+                  else report.comparison_table(results, a.reference, seconds, pairs, traffic))
   report.write_table(a.out, 'comparison', md, csv_text)
+  if not many:
+    report.plot_traffic(traffic_curves(rows, a.reference, pairs), a.out)
   return results
+
+
+def traffic_curves(rows: dict[str, list[list[dict]]], reference: str,
+                   pairs: dict[str, str] | None = None) -> dict[str, tuple[list, list]]:
+  """Method -> (cumulative MB, Δm) at each round every seed evaluated: Δm against the
+  reference method's run of the same seed at the same round (`pairs` as in the
+  table), both averaged over seeds; methods without a reference run are left out."""
+  out = {}
+  for name, runs in rows.items():
+    ref_runs = rows.get((pairs or {}).get(name, reference))
+    if ref_runs is None or any(comm.totals(r) is None for r in runs):
+      continue
+    per_seed = [(report.delta_m_by_round(r, ref), comm.cumulative_mb(r))
+                for r, ref in zip(runs, ref_runs)]
+    common = sorted(set.intersection(*[set(dm) & set(mb) for dm, mb in per_seed]))
+    out[name] = ([float(np.mean([mb[t] for _, mb in per_seed])) for t in common],
+                 [float(np.mean([dm[t] for dm, _ in per_seed])) for t in common])
+  return out
 
 
 if __name__ == '__main__':

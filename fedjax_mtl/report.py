@@ -175,24 +175,30 @@ def mean_std(vals, digits: int = 2) -> str:
 
 def comparison_table(results: dict[str, list[dict[str, float]]],
                      reference: str, seconds: dict[str, list[float]] | None = None,
-                     pairs: dict[str, str] | None = None) -> tuple[str, str]:
+                     pairs: dict[str, str] | None = None,
+                     traffic: dict[str, list[dict]] | None = None) -> tuple[str, str]:
   """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm, then the
-  seconds per round when `seconds` (method -> per-seed values) is given.
+  seconds per round when `seconds` (method -> per-seed values) is given, then the
+  megabytes a round and in all when `traffic` (method -> per-seed `comm.totals`) is.
 
   Δm of a method is against `reference`, or against `pairs[method]` where given
   (e.g. each +DEA row against its base, as FedDEA's tables report it)."""
   from fedjax_mtl.metrics.delta_m import delta_m
   cols = list(next(iter(results.values()))[0])
   pairs = pairs or {}
+  # Only when every run of every method has its 'comm' rows (a dense run).
+  traffic = traffic if traffic and all(traffic.get(m) and None not in traffic[m]
+                                       for m in results) else None
   md = io.StringIO()
   arrows = [c + ('↓' if column_lower_is_better(c) else '↑') for c in cols]
-  extra = ' s/round |' if seconds else ''
+  extra = (' s/round |' if seconds else '') + (' MB/round | total MB |' if traffic else '')
   dm_head = 'Δm (%) ↑ (vs)' if pairs else 'Δm (%) ↑'
   md.write('| method | ' + ' | '.join(arrows) + f' | {dm_head} |' + extra + '\n')
-  md.write('|---' * (len(cols) + 2 + bool(seconds)) + '|\n')
+  md.write('|---' * (len(cols) + 2 + bool(seconds) + 2 * bool(traffic)) + '|\n')
   buf = io.StringIO()
   w = csv.writer(buf)
-  w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else []))
+  w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else [])
+             + (['mb_per_round', 'total_mb'] if traffic else []))
 
   for name, runs in results.items():
     per_col = [[r[c] for r in runs] for c in cols]
@@ -205,11 +211,13 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
     else:
       dms = [float('nan')]
     sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
+    mb = ([float(np.mean([t['mb_per_round'] for t in traffic[name]])),
+           float(np.mean([t['total_mb'] for t in traffic[name]]))] if traffic else [])
     dm_text = mean_std(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
     md.write(f'| {name} | ' + ' | '.join(mean_std(v) for v in per_col) + f' | {dm_text} |'
-             + ''.join(sec) + '\n')
+             + ''.join(sec) + ''.join(f' {v:.3f} |' for v in mb) + '\n')
     w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
-               + ([float(np.median(seconds[name]))] if seconds else []))
+               + ([float(np.median(seconds[name]))] if seconds else []) + mb)
   return md.getvalue(), buf.getvalue()
 
 
@@ -454,3 +462,48 @@ def plot_task_curves(rows: list[dict], out_dir: str) -> str | None:
   """A many-task run's `curves.png`: per task, train loss and test accuracy over rounds."""
   fig = task_curves_figure(rows)
   return None if fig is None else _save(fig, os.path.join(out_dir, 'curves.png'), dpi=110)
+
+
+def delta_m_by_round(rows: list[dict], reference_rows: list[dict]) -> dict[int, float]:
+  """Round -> Δm (%) of a dense run's evaluation against the reference run's
+  evaluation of the same round (rounds both evaluated, on the same columns)."""
+  from fedjax_mtl.metrics.delta_m import delta_m
+
+  def by_round(rs):
+    out = {}
+    for r in rs:
+      if r.get('type') == 'eval':
+        out.setdefault(r['round'], {})[column_name(r)] = _finite(r['value'])
+    return out
+
+  mine, ref = by_round(rows), by_round(reference_rows)
+  out = {}
+  for rnd in sorted(set(mine) & set(ref)):
+    a, b = mine[rnd], ref[rnd]
+    if set(a) == set(b) and None not in a.values() and None not in b.values():
+      out[rnd] = float(delta_m(a, b, lower_is_better=lambda c: c.endswith('↓')))
+  return out
+
+
+def traffic_figure(curves: dict[str, tuple[list[float], list[float]]]) -> Figure | None:
+  """Δm against cumulative megabytes, one line per method (`curves`: method ->
+  (cumulative MB at each evaluated round, Δm there)); None without points."""
+  curves = {m: c for m, c in curves.items() if c[0]}
+  if not curves:
+    return None
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(5.2, 3.6), layout='constrained')
+  ax = fig.subplots()
+  for (name, (mb, dm)), (colour, ls) in zip(curves.items(), _styles(len(curves))):
+    ax.plot(mb, dm, color=colour, ls=ls, lw=1.4, marker='o', ms=3.5, label=name)
+  _plain_axes(ax, 'Δm (%) ↑', xlabel='cumulative MB sent and received (all clients)')
+  from matplotlib.ticker import AutoLocator
+  ax.xaxis.set_major_locator(AutoLocator())  # megabytes, not whole rounds
+  ax.legend(fontsize=_FONT, frameon=False, ncol=_legend_columns(len(curves), 10))
+  return fig
+
+
+def plot_traffic(curves: dict, out_dir: str, stem: str = 'comparison_traffic') -> str | None:
+  """`<stem>.png`: `traffic_figure(curves)` in `out_dir`."""
+  fig = traffic_figure(curves)
+  return None if fig is None else _save(fig, os.path.join(out_dir, f'{stem}.png'))

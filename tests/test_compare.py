@@ -326,3 +326,32 @@ def test_the_seed_sets_the_split_of_many_task_runs_only(tmp_path, trained):
   run_compare(tmp_path / 'many', f'fedavg={FEDAVG8}', extra=['--seeds', '3,4'])
   run_compare(tmp_path / 'dense', f'fedavg={FEDAVG} split_seed=7', extra=['--seeds', '3'])
   assert [(c.seed, c.split_seed) for c, _ in trained] == [(3, 3), (4, 4), (3, 7)]
+
+
+def _comm_run(values: dict[int, float], up: int) -> list[dict]:
+  """A dense run's rows: per round an eval of c0/semseg and a comm row (2 clients)."""
+  rows = []
+  for rnd, v in values.items():
+    rows.append({'round': rnd, 'type': 'eval', 'client': 'c0', 'task': 'semseg',
+                 'metric': 'mIoU', 'value': v})
+    rows.append({'round': rnd, 'type': 'comm', 'up_bytes': [up, up], 'down_bytes': [up, up],
+                 'up_mb': 2 * up / 1e6, 'down_mb': 2 * up / 1e6})
+  return rows
+
+
+def test_traffic_columns_and_the_delta_m_against_megabytes_curve(tmp_path):
+  from fedjax_mtl import comm
+  rows = {'local': [_comm_run({1: 10., 2: 20.}, 0), _comm_run({1: 10., 2: 40.}, 0)],
+          'fedavg': [_comm_run({1: 11., 2: 22.}, 250_000), _comm_run({1: 12., 2: 40.}, 250_000)]}
+  curves = compare.traffic_curves(rows, 'local')
+  # 1 MB a round (2 clients x 250 kB up and down); Δm per seed, then the mean.
+  assert curves['fedavg'][0] == pytest.approx([1.0, 2.0])
+  assert curves['fedavg'][1] == pytest.approx([(10 + 20) / 2, (10 + 0) / 2])
+  assert curves['local'][1] == pytest.approx([0.0, 0.0])
+  traffic = {m: [comm.totals(r) for r in rs] for m, rs in rows.items()}
+  results = {m: [{'c0/semseg mIoU': r[-2]['value']} for r in rs] for m, rs in rows.items()}
+  md, csv_text = report.comparison_table(results, 'local', traffic=traffic)
+  assert md.splitlines()[0].endswith('| MB/round | total MB |')
+  assert md.splitlines()[3].endswith('| 1.000 | 2.000 |')
+  assert csv_text.splitlines()[2].endswith(',1.0,2.0')
+  assert report.plot_traffic(curves, str(tmp_path)) == str(tmp_path / 'comparison_traffic.png')

@@ -58,6 +58,13 @@ def test_flower_rounds_aggregate_what_the_engine_aggregates(flower_run, referenc
   assert ev(ref)
   np.testing.assert_allclose([r['value'] for r in ev(rows)], [r['value'] for r in ev(ref)],
                              rtol=1e-4)
+  # Bytes per client: the messages' (values and .npy headers) against the engine's account.
+  comm = lambda rs: [r for r in sorted(rs, key=key) if r['type'] == 'comm']
+  assert len(comm(rows)) == len(comm(ref)) == 2
+  for got_row, want_row in zip(comm(rows), comm(ref)):
+    for k in ('up_bytes', 'down_bytes'):
+      headers = np.subtract(got_row[k], want_row[k])
+      assert (headers >= 0).all() and (headers <= 0.05 * np.asarray(want_row[k])).all(), k
   assert '(Flower)' in open(os.path.join(wd, 'results.md')).read()
   # Where the time went, per round.
   assert [t['round'] for t in strategy.timing] == [1, 2]

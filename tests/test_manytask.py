@@ -175,6 +175,13 @@ def test_run_writes_results_resumes_and_counts_bits(tmp_path):
   pairs = st.schedule[0][st.schedule[0] < st.num_pairs]
   want = [32 * (adapters + (d + 1) * st.num_classes[st.pairs[p][1]]) for p in pairs]
   assert agg['upload_bits'] == sum(want) and agg['bits_per_task'] == pytest.approx(np.mean(want))
+  # The comm row: each client's pairs' bytes, nothing from clients that sat out.
+  comm = [r for r in rows if r['type'] == 'comm'][0]
+  per_client = np.zeros(cfg.many.num_clients)
+  for p, w in zip(pairs, want):
+    per_client[st.pairs[p][0]] += w / 8
+  assert comm['up_bytes'] == comm['down_bytes'] == per_client.tolist()
+  assert 0 in comm['up_bytes'] and comm['up_mb'] == pytest.approx(sum(want) / 8e6)
   acc = [r for r in full['eval'] if r['metric'] == 'accuracy']
   assert len(acc) == 4 and all(0 <= r['value'] <= 100 for r in acc)
   table = (part / 'results.md').read_text()

@@ -28,9 +28,9 @@ from typing import Callable
 import ml_collections
 
 from fedjax_mtl import fields
-from fedjax_mtl.algorithms import (ditto, enhance, fedacg, fedamp, fedavg, fedbabu, fedbn,
-                                   feddyn, fedga, fednova, fedper, fedprox, fedsta, hca2, local,
-                                   matfl, matu, moon, ntkfedavg, plugin_math, rules)
+from fedjax_mtl.algorithms import (compress, ditto, dp, enhance, fedacg, fedamp, fedavg,
+                                   fedbabu, fedbn, feddyn, fedga, fednova, fedper, fedprox, fedsta,
+                                   hca2, local, matfl, matu, moon, ntkfedavg, plugin_math, rules)
 from fedjax_mtl.algorithms.base import (UNIFIED_MODES, Algorithm, Client, ClientCtx, FedInfo,
                                         Server, ServerInputs, ServerState, unified_mode)
 from fedjax_mtl.errors import ConfigError, check_choice
@@ -149,9 +149,13 @@ WRAPPERS: dict[str, Callable[[Algorithm, FedInfo, object], Server]] = {
     'pcgrad': _pcgrad,
     'heal': _heal,
     'grouped': _grouped,
+    'quantize': compress.wrap_quantize,
+    'sparsify': compress.wrap_sparsify,
+    'dp': dp.wrap_dp,
 }
 WRAPPER_BLOCKS: dict[str, fields.Block] = {'momentum': MOMENTUM, 'dea': DEA, 'heal': HEAL,
-                                           'grouped': GROUPED}
+                                           'grouped': GROUPED, 'quantize': compress.QUANTIZE,
+                                           'sparsify': compress.SPARSIFY, 'dp': dp.DP}
 
 
 def blocks() -> dict[str, fields.Block]:

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import distributed, evaluation, experiment, report, rounds, sources
+from fedjax_mtl import comm, distributed, evaluation, experiment, report, rounds, sources
+from fedjax_mtl.algorithms import dp
 from fedjax_mtl.algorithms.base import linearized_forward, unified_mode
 from fedjax_mtl.data import device_augment
 from fedjax_mtl.experiment import Experiment, per_experiment
@@ -315,7 +316,8 @@ class DenseEngine:
     return 'lower optim.lr or check the data'
 
   def round_rows(self, rnd: int, out: dict) -> list[dict]:
-    """The round's metrics.jsonl rows: a train row per (client, task), the agg row."""
+    """The round's metrics.jsonl rows: a train row per (client, task), the agg row and
+    the communication row (bytes per client, `fedjax_mtl.comm`)."""
     rows = []
     for spec, m in zip(self.exp.fed.groups, out['train']):
       for j, cid in enumerate(spec.client_ids):
@@ -325,8 +327,26 @@ class DenseEngine:
                        'task': t, 'loss': float(m['loss'][j, s]), 'steps': int(m['steps'][j])})
     if out['agg']:
       rows.append({'round': rnd, 'type': 'agg',
-                   **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}})
+                   **{k: np.asarray(v).tolist() for k, v in out['agg'].items()},
+                   **self.privacy_row(rnd)})
+    rows.append(self.account.row(rnd))
     return rows
+
+  @functools.cached_property
+  def epsilons(self) -> list[float] | None:
+    """ε after each round of a `dp(...)` run (`dp.run_epsilons`), else None."""
+    return dp.run_epsilons(self.config)
+
+  def privacy_row(self, rnd: int) -> dict:
+    """The privacy spent after round `rnd` ({'dp_epsilon', 'dp_delta'}; {} without DP)."""
+    if self.epsilons is None:
+      return {}
+    return {'dp_epsilon': self.epsilons[rnd - 1], 'dp_delta': float(dp.DP.of(self.config).delta)}
+
+  @functools.cached_property
+  def account(self) -> comm.Account:
+    """The bytes each client sends and receives a round (`fedjax_mtl.comm`)."""
+    return comm.account(self.exp, self.config)
 
   def meta_rows(self) -> list[dict]:
     """Round-0 row naming the clients, decoders and decoder layers (for plots)."""
@@ -460,12 +480,22 @@ class DenseEngine:
 
   def write_reports(self, rows: list[dict], final: list[dict], workdir: str) -> None:
     """curves.png, the hyper-weight plots and results.md / results.csv (with Δm against
-    `delta_m_reference`'s final evaluation when set)."""
+    `delta_m_reference`'s final evaluation when set; results.md also sums the bytes
+    sent and received, `comm.summary`)."""
     report.plot_metric_curves(rows, workdir)
     report.plot_hyperweights(rows, workdir)
     ref_dir = self.config.get('delta_m_reference', '')
     ref = report.final_eval_rows(os.path.join(ref_dir, 'metrics.jsonl')) if ref_dir else None
     md, csv_text = report.results_table(method_label(self.config), final, ref)
+    traffic = comm.totals(rows)
+    if traffic is not None:
+      md += '\n' + comm.summary(traffic) + '\n'
+    spent = [r for r in rows if r.get('type') == 'agg' and 'dp_epsilon' in r]
+    if spent:
+      cfg = dp.DP.of(self.config)
+      md += (f"\nPrivacy: (ε, δ) = ({spent[-1]['dp_epsilon']:.3g}, {spent[-1]['dp_delta']:g}) "
+             f"after {spent[-1]['round']} rounds (client level; σ = {cfg.noise_multiplier:g}, "
+             f"C = {cfg.clip_norm:g}, noise '{cfg.noise}'; RDP accountant).\n")
     report.atomic_write(os.path.join(workdir, 'results.md'), md)
     report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
 

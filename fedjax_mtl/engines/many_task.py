@@ -155,7 +155,21 @@ class ManyTaskEngine:
     rows.append({'round': rnd, 'type': 'agg', 'upload_bits': int(round(round_bits.sum())),
                  'bits_per_task': float(round_bits.mean()),
                  **{k: np.asarray(v).tolist() for k, v in out['agg'].items()}, **out['tuned']})
+    rows.append(self.comm_row(rnd, np.asarray(slots)[np.asarray(real, bool)]))
     return rows
+
+  def comm_row(self, rnd: int, pairs: np.ndarray) -> dict:
+    """The round's 'comm' row (`fedjax_mtl.comm`'s format): each client uploads its
+    pairs' bits (`run_lib.upload_bits`) and downloads the same encoding back (its
+    pairs' aggregated adapters and heads; MaTU: the unified vector with each task's
+    mask and rescaler); clients without a pair this round send nothing."""
+    st = self.run.setting
+    n = int(self.config.many.num_clients)
+    bits = np.zeros(n)
+    np.add.at(bits, st.pairs[pairs, 0], self.bits[pairs])
+    up = np.ceil(bits / 8).astype(np.int64)
+    return {'round': rnd, 'type': 'comm', 'up_bytes': up.tolist(), 'down_bytes': up.tolist(),
+            'up_mb': float(up.sum()) / 1e6, 'down_mb': float(up.sum()) / 1e6}
 
   def meta_rows(self) -> list[dict]:
     return []

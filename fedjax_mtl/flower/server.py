@@ -130,7 +130,8 @@ class EngineStrategy(nodes.NodeStrategy):
     import time
     t0 = time.perf_counter()
     msgs = self._messages(server_round, MessageType.TRAIN)
-    self._sent = (t0, time.perf_counter(), sum(nodes.nbytes(m) for m in msgs))
+    # Array bytes each client receives (messages in client order, `_messages`).
+    self._sent = (t0, time.perf_counter(), [nodes.nbytes(m) for m in msgs])
     return msgs
 
   def aggregate_train(self, server_round: int,
@@ -174,11 +175,16 @@ class EngineStrategy(nodes.NodeStrategy):
     if logs:
       self.records.append({'round': server_round, 'type': 'agg',
                            **{k: np.asarray(v).tolist() for k, v in logs.items()}})
-    t0, t_sent, down = getattr(self, '_sent', (t_recv, t_recv, 0))
+    t0, t_sent, down = getattr(self, '_sent', (t_recv, t_recv, [0] * fed.num_clients))
+    up = [nodes.nbytes(got[c]) for c in range(fed.num_clients)]
+    # The bytes the messages really carried, in the engine's 'comm' row format.
+    self.records.append({'round': server_round, 'type': 'comm', 'up_bytes': up,
+                         'down_bytes': list(down), 'up_mb': sum(up) / 1e6,
+                         'down_mb': sum(down) / 1e6})
     self.timing.append({'round': server_round, 'messages': t_sent - t0,
                         'clients': t_recv - t_sent, 'aggregate': time.perf_counter() - t_recv,
                         'client_train': metric('train_seconds').tolist(),
-                        'bytes_down': down, 'bytes_up': sum(nodes.nbytes(m) for m in got.values())})
+                        'bytes_down': sum(down), 'bytes_up': sum(up)})
     losses = [r['loss'] for r in self.records
               if r['type'] == 'train' and r['round'] == server_round]
     last = server_round == exp.config.num_rounds
