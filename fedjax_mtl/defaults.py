@@ -132,8 +132,20 @@ ENGINE: dict[str, Field] = {
                    "'name=v1,v2,...' joined by ';', their product (seed and the traced "
                    "fields; fedjax_mtl/sweep.py), e.g. 'seed=0,1,2' ('' = one run)"),
     'tasks': Field('', "comma-separated subset of the scenario's tasks ('' = all)"),
+    'participation': Field(1.0, 'clients per round: a fraction in (0, 1] or a count >= 2, drawn '
+                           'per client group from (seed, round) (fedjax_mtl/participation.py); '
+                           '1 = every client', above(0)),
+    'participation_weighting': Field('uniform', 'how a round draws its clients: uniform, or '
+                                     'weighted by their training examples',
+                                     choices=('uniform', 'examples')),
     # numpy seed of the client partition (released code: 0)
     'split_seed': Field(0, 'numpy seed of the random client partition of the train sets', SEED),
+    'split': Field('equal', "partition of a dataset's train images among its clients: equal "
+                   '(random equal chunks, the released code) or dirichlet (label skew: the '
+                   "images of each dominant semseg class shared by Dir(split_alpha) proportions)",
+                   choices=lambda: _scenarios().SPLITS),
+    'split_alpha': Field(0.5, 'split=dirichlet: concentration α of Dir(α·1) (small: skewed '
+                         'clients; large: close to IID)', above(0)),
     'parts_clients_humans_only': Field(True, 'human_parts-only clients keep only images with '
                                        'humans (as the released code)'),
     **data.CONFIG.dotted(),
@@ -207,6 +219,11 @@ ENGINE: dict[str, Field] = {
                           'algorithm or setting an override may name instead: they may differ '
                           "from their defaults while the run does not use them ('' = none)"),
 }
+
+
+def _scenarios():
+  from fedjax_mtl import scenarios
+  return scenarios
 
 
 def _local():

@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import sys
 from typing import Any
 
 import jax
@@ -154,9 +155,15 @@ def replica_shards(config) -> int:
 
 
 def fed_info(fed: federation.Federation, num_rounds: int,
-             norm_modules: frozenset = frozenset()) -> algorithms.FedInfo:
-  """The static facts the algorithm sees."""
-  return algorithms.FedInfo(
+             norm_modules: frozenset = frozenset(), config=None) -> algorithms.FedInfo:
+  """The static facts the algorithm sees (`config`: its participation, if any)."""
+  from fedjax_mtl import participation
+  sampled = 0
+  if config is not None and participation.is_partial(config):
+    participation.check(config.participation, fed.num_clients)
+    sampled = sum(participation.group_slots(tuple(g.num_real for g in fed.groups),
+                                            config.participation))
+  return algorithms.FedInfo(num_participants=sampled,
       num_clients=fed.num_clients, num_decoders=fed.num_decoders,
       decoder_client=fed.decoder_client, decoder_names=fed.decoder_names,
       client_names=tuple(c.name for c in fed.clients), homo_groups=fed.homo_groups,
@@ -184,11 +191,19 @@ def _build(config) -> Experiment:
     num_train = {d: len(real.open_split(config, d, 'train', tasks=()))
                  for d in datasets(config)}
     parts_filter = real.parts_filter(config)
+    attribute = real.semseg_attribute(config)
   else:
     data = load_data(config)
     num_train = {d: len(v['train']['image']) for d, v in data.items()}
     parts_filter = scenarios.label_parts_filter({d: v['train'] for d, v in data.items()})
-  clients = scenarios.build_clients(config, num_train, parts_filter=parts_filter)
+    attribute = scenarios.label_attribute({d: v['train'] for d, v in data.items()})
+  clients = scenarios.build_clients(config, num_train, parts_filter=parts_filter,
+                                    attribute=attribute)
+  if config.get('split', 'equal') == 'dirichlet' and distributed.is_primary():
+    # What each client got (the metadata row is the engine's): count, top class share.
+    print(f'split=dirichlet (split_alpha={config.split_alpha:g}, split_seed='
+          f'{config.split_seed}): ' + scenarios.split_summary(clients, attribute),
+          file=sys.stderr, flush=True)
   mesh = distributed.client_mesh(config, replica_shards(config))
   fed = federation.build_federation(clients, mesh.shape['clients'])
   models_train = [dense_model(config, encoder, g.head_channels, dtype) for g in fed.groups]
@@ -200,7 +215,8 @@ def _build(config) -> Experiment:
     labels.append(param_roles(shapes['params']))
     norm_modules |= plugin_math.norm_modules(shapes.get('batch_stats', {}))
   alg = algorithms.get_algorithm(config.algorithm, fed_info(fed, config.num_rounds,
-                                                            frozenset(norm_modules)), config)
+                                                            frozenset(norm_modules), config),
+                                 config)
   if config.model.get('decoder', 'hca2') == 'deeplab' and algorithms.parse(
       config.algorithm)[-1] == 'hca2':
     raise ConfigError("algorithm 'hca2' aggregates FedHCA2's task decoders, which "

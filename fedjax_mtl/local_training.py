@@ -513,6 +513,10 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
 
   train.rows = lambda gstate, data, round_idx, key, rows: train_rows(
       gstate, data, round_idx, key, gstate.params, 0, rows)
+  # Some rows of the group (a round's participants, `rounds.sampled_bodies`): `gstate`
+  # and `start` hold those rows (leaves of `start` shared by every client stay whole).
+  train.sampled = lambda gstate, data, round_idx, key, start, rows, total=None: train_rows(
+      gstate, data, round_idx, key, start, start_axes, rows, total)
   return train
 
 

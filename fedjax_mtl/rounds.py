@@ -124,13 +124,29 @@ def finalize(exp: Experiment, trained: list[GroupState], start: list) -> tuple[l
   return [o[0] for o in out], [o[1] for o in out]
 
 
+def group_valid(exp: Experiment, valid: jax.Array) -> list[jax.Array]:
+  """Per group, [rows] bool of its clients in the [N] participants mask `valid`
+  (padding rows False)."""
+  return [jnp.concatenate([valid[jnp.asarray(g.client_ids)], jnp.zeros((g.num_pad,), bool)])
+          for g in exp.fed.groups]
+
+
+def keep_rows(new: PyTree, old: PyTree, on: jax.Array) -> PyTree:
+  """`new` on the rows where `on` ([rows] bool), `old` elsewhere."""
+  return jax.tree.map(lambda a, b: jnp.where(on.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
+                      new, old)
+
+
 def server_step(exp: Experiment, state: FedState, start: list, trained: list[GroupState],
-                uploads: list, metrics: list) -> tuple[FedState, dict]:
+                uploads: list, metrics: list, valid: jax.Array | None = None
+                ) -> tuple[FedState, dict]:
   """Aggregate the uploads of the shared roles against the round's start params.
 
   `start` = each group's params at the round start (`round_start`'s output);
   `trained` = the group states after local training; `metrics[g]['steps']` =
-  local steps per client.
+  local steps per client; `valid` ([N] bool, None: every client) = the round's
+  participants: the server sees it as `ServerInputs.row_valid`, and the per-row
+  server state of the others is left as it was.
   Returns the next state (round + 1) and the server's logs.
 
   A `blocks` server reads the rows where they are (the groups' arrays) and its
@@ -158,7 +174,7 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
              for r in roles},
       num_examples=jnp.asarray(fed.num_examples), num_steps=steps.astype(jnp.int32),
       client_ids=jnp.arange(fed.num_clients, dtype=jnp.int32), round=state.round,
-      first_loss=edge['first_loss'], last_loss=edge['last_loss'])
+      first_loss=edge['first_loss'], last_loss=edge['last_loss'], row_valid=valid)
   row_roles = trained[0].server_rows.keys() if trained[0].server_rows else ()
   rows = {r: gather([gs.server_rows[r] for gs in trained], r) for r in row_roles}
   new, sstate, logs = alg.server.apply(ServerState(state.server, rows), inputs)
@@ -171,6 +187,10 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
                                             [gs.server_rows[r] for gs in trained])
                   if jax.tree.leaves(v) else [gs.server_rows[r] for gs in trained])
               for r, v in sstate.rows.items()}
+  if valid is not None:  # the rows of clients that sat the round out keep their state
+    on = group_valid(exp, valid)
+    new_rows = {r: [keep_rows(v, gs.server_rows[r], o) for v, gs, o in zip(vs, trained, on)]
+                for r, vs in new_rows.items()}
   groups = [jax.lax.with_sharding_constraint(
       gs.replace(params=p, server_rows={r: new_rows[r][i] for r in new_rows}),
       exp.client_sharding) for i, (gs, p) in enumerate(zip(trained, params))]
@@ -219,6 +239,59 @@ def train_bodies(exp: Experiment) -> list:
                                                     int(cfg.get('max_steps_per_round', 0)),
                                                     int(cfg.get('max_parallel_clients', 0))))
           for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
+
+
+def take_rows(tree: PyTree, rows: jax.Array, axes: PyTree = 0) -> PyTree:
+  """The rows `rows` of every leaf with a client axis (`axes`: 0, or per leaf 0 or
+  None for a leaf every client shares, kept whole)."""
+  if axes is None or isinstance(axes, int):
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree)
+  return jax.tree.map(lambda ax, x: x if ax is None else jnp.take(x, rows, axis=0), axes, tree,
+                      is_leaf=_is_none)
+
+
+def put_rows(tree: PyTree, part: PyTree, rows: jax.Array) -> PyTree:
+  """`tree` with its rows `rows` replaced by `part`'s."""
+  return jax.tree.map(lambda x, p: x.at[rows].set(p.astype(x.dtype)), tree, part)
+
+
+def sampled_bodies(exp: Experiment) -> list:
+  """Per group: `(gstate, start, data, round, rng, total, rows) -> (gstate, metrics)`,
+  local training of the group rows `rows` only (a round's participants: a fixed number
+  per group, `participation.Sampler`). Their rows of the state are gathered, trained
+  with the keys, batches and learning rates they have in a full round, and written
+  back; the other rows are left as they are, and their metrics are zero (no steps)."""
+  cfg = exp.config
+  out = []
+  for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels)):
+    trainer = local_training.make_group_trainer(
+        spec, m, exp.tx, cfg.optim, cfg.batch_size, cfg.num_rounds, exp.algorithm, lab,
+        start_axes(exp, g), int(cfg.get('max_steps_per_round', 0)),
+        int(cfg.get('max_parallel_clients', 0)))
+    table = local_training.group_rows(spec)
+
+    def run(gs, start, data, rnd, state_rng, total, rows, g=g, trainer=trainer, table=table,
+            n=spec.num_total):
+      key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
+      part, metrics = trainer.sampled(take_rows(gs, rows), data, rnd, key,
+                                      take_rows(start, rows, start_axes(exp, g)),
+                                      local_training.GroupRows(*take_rows(tuple(table), rows)),
+                                      total)
+      metrics = {k: jnp.zeros((n,) + v.shape[1:], v.dtype).at[rows].set(v)
+                 for k, v in metrics.items()}
+      return put_rows(gs, part, rows), metrics
+
+    out.append(run)
+  return out
+
+
+def make_sampled_train_fns(exp: Experiment) -> list:
+  """`sampled_bodies`, jitted like `make_train_fns` (the group rows are an argument:
+  one program for every round's draw)."""
+  return [jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
+                  donate_argnums=train_donation(exp),
+                  compiler_options=train_compiler_options(exp.config))
+          for run in sampled_bodies(exp)]
 
 
 def num_rounds(exp: Experiment) -> np.int32:
@@ -305,8 +378,10 @@ def make_agg_fn(exp: Experiment, streamed: bool = False):
 
 
 def agg_body(exp: Experiment, streamed: bool = False):
-  """`make_agg_fn`'s function before it is jitted (a sweep's replica programs vmap it)."""
-  def agg_fn(core: FedState, params, start, metrics):
+  """`make_agg_fn`'s function before it is jitted (a sweep's replica programs vmap it).
+  Its optional last argument `valid` ([N] bool) marks a round's participants
+  (`server_step`); the client-part state of the others is left as it was."""
+  def agg_fn(core: FedState, params, start, metrics, valid=None):
     if streamed:
       metrics = [{'loss': a['loss_sum'] / jnp.maximum(a['steps'], 1)[:, None],
                   'steps': a['steps'],
@@ -315,8 +390,11 @@ def agg_body(exp: Experiment, streamed: bool = False):
                          server_rows=c['server_rows'], personal=None)
               for p, c in zip(params, core.groups)]
     trained, uploads = finalize(exp, groups, start)
+    if valid is not None:
+      trained = [t.replace(client=keep_rows(t.client, gs.client, on))
+                 for t, gs, on in zip(trained, groups, group_valid(exp, valid))]
     new_state, logs = server_step(exp, core.replace(groups=groups), start, trained, uploads,
-                                  metrics)
+                                  metrics, valid)
     new_core = new_state.replace(groups=[
         {'params': gs.params, 'client': gs.client, 'server_rows': gs.server_rows}
         for gs in new_state.groups])
@@ -335,10 +413,13 @@ def agg_core(state: FedState) -> FedState:
 
 
 def aggregate(agg_fn, state: FedState, start: list, metrics: list,
-              stats_fn=None) -> tuple:
+              stats_fn=None, valid=None) -> tuple:
   """Run `make_agg_fn`'s program on the trained `state`: (next state, outputs);
-  then `stats_fn` (`make_stats_fn`), if given, on the batch-norm statistics."""
-  core, out = agg_fn(agg_core(state), [gs.params for gs in state.groups], start, metrics)
+  then `stats_fn` (`make_stats_fn`), if given, on the batch-norm statistics.
+  `valid`: the round's participants ([N] bool), or None for every client."""
+  extra = () if valid is None else (valid,)
+  core, out = agg_fn(agg_core(state), [gs.params for gs in state.groups], start, metrics,
+                     *extra)
   groups = [gs.replace(**g) for gs, g in zip(state.groups, core.groups)]
   if stats_fn is not None:
     stats = stats_fn([gs.batch_stats for gs in groups])

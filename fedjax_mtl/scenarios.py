@@ -5,6 +5,12 @@ A layout is a list of "blocks" `(dataset, kind, tasks, copies)`: `st` blocks giv
 with all listed tasks. As in the released code, each (dataset, kind) splits the
 dataset's train set into disjoint random equal chunks with one
 `numpy.random.RandomState(seed)`, ST blocks drawn before MT blocks.
+
+`config.split='dirichlet'` draws a label-skewed partition instead (Hsu et al. 2019,
+as FL-bench and flwr-datasets' DirichletPartitioner): the images of each value of a
+scene attribute (the image's dominant semseg class, `dominant_class`) are divided
+among the clients of a (dataset, kind) by proportions drawn from Dir(split_alpha·1),
+from the same RandomState, redrawn until every client has `batch_size` images.
 """
 
 from __future__ import annotations
@@ -16,6 +22,18 @@ import numpy as np
 
 from fedjax_mtl.errors import ConfigError, check_choice
 from fedjax_mtl.tasks import DATASETS, IGNORE
+
+# How the train images of a (dataset, kind) are divided among its clients (`config.split`).
+SPLITS = ('equal', 'dirichlet')
+# Dirichlet draws per (dataset, kind) before the split is refused: the usual rule
+# (NIID-Bench, FL-bench) redraws until every client holds `batch_size` images.
+MAX_SPLIT_DRAWS = 100
+# Semseg classes that cover most of nearly every scene, so that the dominant class
+# is that of the objects: PASCAL's background; NYUD's wall and floor (NYU40 1, 2
+# after the -1 shift), which would otherwise dominate almost every room (the
+# synthetic NYUD train set: floor in 117 of 120 images).
+SCENE_BACKGROUND = {'pascal': (0,), 'nyud': (0, 1)}
+NO_OBJECT = -1  # the attribute of an image with only background or ignore pixels
 
 P_TASKS = ('semseg', 'human_parts', 'normals', 'edge', 'sal')  # released config order
 N_TASKS = ('semseg', 'normals', 'edge', 'depth')
@@ -110,16 +128,115 @@ def label_parts_filter(train_labels: dict[str, dict[str, np.ndarray]]) -> PartsF
   return keep
 
 
-def build_clients(config, num_train: dict[str, int], *,
-                  parts_filter: PartsFilter | None = None) -> list[ClientSpec]:
-  """Client specs for `config.scenario` with disjoint random equal train splits.
+# `attribute(dataset, indices) -> values`: one int per image (`config.split='dirichlet'`).
+Attribute = Callable[[str, np.ndarray], np.ndarray]
 
-  `num_train` maps dataset -> train set size. Human_parts-only clients keep
-  only the images `parts_filter(dataset, indices)` returns
+
+def dominant_class(counts: np.ndarray, dataset: str) -> np.ndarray:
+  """Per image, the most frequent semseg class of `counts` ([n, 256] label histograms)
+  other than ignore and the dataset's `SCENE_BACKGROUND` (`NO_OBJECT` where none)."""
+  counts = np.array(counts, np.int64)
+  counts[:, [IGNORE, *SCENE_BACKGROUND[dataset]]] = 0
+  return np.where(counts.any(axis=1), counts.argmax(axis=1), NO_OBJECT)
+
+
+def label_histograms(labels: np.ndarray) -> np.ndarray:
+  """[n, 256] counts of each uint8 label value per image of `labels` [n, ...]."""
+  out = np.zeros((len(labels), 256), np.int64)
+  # One bincount per slice of images (offset by 256 per image): a bounded int64 copy.
+  for a in range(0, len(labels), 256):
+    block = np.asarray(labels[a:a + 256], np.int64).reshape(min(256, len(labels) - a), -1)
+    flat = block + 256 * np.arange(len(block))[:, None]
+    out[a:a + len(block)] = np.bincount(flat.ravel(), minlength=256 * len(block)).reshape(-1, 256)
+  return out
+
+
+def label_attribute(train_labels: dict[str, dict[str, np.ndarray]]) -> Attribute:
+  """`attribute(dataset, indices)`: each image's `dominant_class` from in-memory semseg labels."""
+  def attribute(dataset: str, idx: np.ndarray) -> np.ndarray:
+    return dominant_class(label_histograms(train_labels[dataset]['semseg'][idx]), dataset)
+  return attribute
+
+
+def split_summary(clients: list[ClientSpec], attribute: Attribute) -> str:
+  """One line: per client, its image count and the share of its most common attribute value."""
+  parts = []
+  for c in clients:
+    values, counts = np.unique(attribute(c.dataset, c.train_indices), return_counts=True)
+    top = int(values[counts.argmax()]) if len(counts) else NO_OBJECT
+    share = counts.max() / c.num_train if len(counts) else 0.
+    parts.append(f'{c.name} {c.num_train} (class {top}: {share:.0%})')
+  return '; '.join(parts)
+
+
+def dirichlet_split(rs: np.random.RandomState, values: np.ndarray, num_clients: int,
+                    alpha: float) -> list[np.ndarray]:
+  """Positions 0..len(values)-1 divided among `num_clients`: the positions of each
+  attribute value (ascending), shuffled, cut by proportions drawn from Dir(alpha·1)."""
+  parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+  for v in np.unique(values):
+    idx = np.flatnonzero(values == v)
+    rs.shuffle(idx)
+    p = rs.dirichlet(np.full(num_clients, float(alpha)))
+    if not np.all(np.isfinite(p)):
+      # For alpha below ~1e-3 every gamma draw can underflow to 0 (0/0): the
+      # alpha -> 0 limit, all of the value's images on one client.
+      p = np.eye(num_clients)[rs.randint(num_clients)]
+    cuts = (np.cumsum(p)[:-1] * len(idx)).astype(int)
+    for j, chunk in enumerate(np.split(idx, cuts)):
+      parts[j].append(chunk)
+  return [np.concatenate(p) for p in parts]
+
+
+def _kept(config, tasks: tuple, dataset: str, drawn: np.ndarray,
+          parts_filter: PartsFilter | None) -> np.ndarray:
+  """A client's training images of its drawn share (the human filter), sorted."""
+  idx = drawn
+  if (tasks == ('human_parts',) and parts_filter is not None
+      and config.get('parts_clients_humans_only', True)):
+    idx = parts_filter(dataset, drawn)
+  return np.sort(idx)
+
+
+def _dirichlet_shares(config, rs: np.random.RandomState, dataset: str, kind: str,
+                      owners: list, values: np.ndarray,
+                      parts_filter: PartsFilter | None) -> list[np.ndarray]:
+  """`dirichlet_split` redrawn until every client keeps `batch_size` images (after the
+  human filter), at most `MAX_SPLIT_DRAWS` times; ConfigError after that."""
+  alpha, best = float(config.split_alpha), None
+  for _ in range(MAX_SPLIT_DRAWS):
+    shares = dirichlet_split(rs, values, len(owners), alpha)
+    sizes = [len(_kept(config, tasks, dataset, s, parts_filter))
+             for tasks, s in zip(owners, shares)]
+    if min(sizes) >= config.batch_size:
+      return shares
+    j = int(np.argmin(sizes))
+    if best is None or sizes[j] > best[0]:
+      best = (sizes[j], owners[j])
+  size, tasks = best
+  raise ConfigError(
+      f"split='dirichlet' with split_alpha={alpha:g} leaves client "
+      f'{dataset}/{kind}/{"+".join(tasks)} at best {size} images (< batch_size='
+      f'{config.batch_size}) in {MAX_SPLIT_DRAWS} draws of {len(owners)} {kind.upper()} '
+      f'clients on {dataset!r}; use a larger split_alpha or fewer clients')
+
+
+def build_clients(config, num_train: dict[str, int], *,
+                  parts_filter: PartsFilter | None = None,
+                  attribute: Attribute | None = None) -> list[ClientSpec]:
+  """Client specs for `config.scenario` with disjoint random train splits.
+
+  `num_train` maps dataset -> train set size. `config.split` 'equal': equal
+  chunks; 'dirichlet': the label skew of `dirichlet_split` on
+  `attribute(dataset, indices)` (e.g. `label_attribute`; required then). Human_parts-only
+  clients keep only the images `parts_filter(dataset, indices)` returns
   (`config.parts_clients_humans_only`; e.g. `label_parts_filter`, or the
   real-data cache's human flags).
   """
   blocks = select_tasks(layout(config.scenario), config.get('tasks', ''))
+  split = config.get('split', 'equal')
+  if split == 'dirichlet' and attribute is None:
+    raise ValueError("split='dirichlet' needs the images' attribute (build_clients(attribute=))")
   rs = np.random.RandomState(config.split_seed)
   epochs_cfg = dict(config.local_epochs)
   by_key: dict[tuple, list] = {}
@@ -147,14 +264,15 @@ def build_clients(config, num_train: dict[str, int], *,
         raise ConfigError(
             f'impossible split: {len(owners)} {kind.upper()} clients on {dataset!r} '
             f'but only {n} train images; use fewer clients or more data')
-      chunks = np.array_split(rs.permutation(n), len(owners))
+      if split == 'dirichlet' and len(owners) > 1:
+        values = np.asarray(attribute(dataset, np.arange(n)))
+        chunks = _dirichlet_shares(config, rs, dataset, kind, owners, values, parts_filter)
+      else:
+        # One client gets everything either way (from the same draw, as the released code).
+        chunks = np.array_split(rs.permutation(n), len(owners))
       epochs = int(epochs_cfg.get(dataset, DATASETS[dataset].default_local_epochs))
       for i, (tasks, drawn) in enumerate(zip(owners, chunks)):
-        idx = drawn
-        if (tasks == ('human_parts',) and parts_filter is not None
-            and config.get('parts_clients_humans_only', True)):
-          idx = parts_filter(dataset, drawn)
-        idx = np.sort(idx)
+        idx = _kept(config, tasks, dataset, drawn, parts_filter)
         if len(idx) < config.batch_size:
           raise ConfigError(
               f'impossible split: client {dataset}/{kind}/{"+".join(tasks)} gets '

@@ -59,7 +59,8 @@ def __getattr__(name: str):
 # (`client/task metric`, report.column_name) to hold comparable numbers: the
 # clients and tasks, their test data, the client partition and the edge metric
 # (of the final evaluation: `_final_value`).
-DELTA_M_FIELDS = ('scenario', 'tasks', 'split_seed', 'parts_clients_humans_only',
+DELTA_M_FIELDS = ('scenario', 'tasks', 'split_seed', 'split', 'split_alpha',
+                  'parts_clients_humans_only',
                   'eval_edge_ods', 'data.source', 'data.resolution',
                   'data.reproduce_parts_index_bug')
 # Synthetic data is generated from these; real data comes from the caches.
@@ -296,6 +297,13 @@ def check_names(config) -> None:
   _check_encoder(config.model.encoder, _plain(config.model.kwargs))
 
 
+def check_split(config) -> None:
+  """`split` other than 'equal' only where it applies (the dense setting's clients)."""
+  if config.get('setting', 'dense') == 'many_task' and config.get('split', 'equal') != 'equal':
+    raise ConfigError(f"split={config.split!r} partitions the dense setting's clients; the "
+                      'many-task setting splits with many.class_split and many.zeta_c')
+
+
 def _check_encoder(name: str, kwargs: dict) -> None:
   from fedjax_mtl.models import ENCODERS
   check_choice('model', name, ENCODERS)  # the message of models.get_encoder
@@ -393,6 +401,8 @@ def check_delta_m_reference(config) -> None:
   known, mine = defaults(), leaves(config)
   diffs = [n for n in names if _final_value(n, _lookup(old, n, _json_value(known[n])))
            != _final_value(n, _json_value(mine[n]))]
+  if _lookup(old, 'split', known['split']) == mine['split'] == 'equal':
+    diffs = [n for n in diffs if n != 'split_alpha']  # equal chunks do not read it
   if diffs:
     raise ConfigError(f'{what} is a run of another setting (fields: {", ".join(diffs)}); '
                       'its Δm columns would not compare the same clients and data')
@@ -417,6 +427,7 @@ def check_config(config) -> None:
   bad field."""
   check_fields(config)
   check_names(config)
+  check_split(config)
   check_delta_m_reference(config)
   sweep.check(config, sweep_of(config))
 

@@ -1,6 +1,8 @@
 """Client layouts and data partitions (spec fedhca2.md §1, reference-code.md §1.4)."""
 
+import hashlib
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -285,3 +287,186 @@ def test_fewer_images_than_batch_size_is_a_config_error():
   with pytest.raises(ConfigError, match='human_parts'):
     build('pascal_st_nyud_mt_1c', num_train={'pascal': 40, 'nyud': 100}, labels=labels,
           batch_size=8)
+
+
+# ----------------------------------------------------------------------------
+# split='equal' (the default) and split='dirichlet'
+
+
+def digest(clients):
+  h = hashlib.sha256()
+  for c in clients:
+    h.update(c.name.encode())
+    h.update(np.asarray(c.train_indices, np.int64).tobytes())
+    h.update(np.asarray(c.draw_indices, np.int64).tobytes())
+  return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize('name,seed,want', [
+    # Computed with the code before config.split existed (the same names, train and
+    # draw indices, human filter included).
+    ('pascal_st_nyud_mt_2c', 0, '5a1a4aaa0172b0c6'),
+    ('nyud_st_pascal_mt_1c', 3, '58885d84c488c3b4'),
+    ('pascal_st_nyud_mt_4c', 11, '34d7d7625166441e'),
+])
+def test_equal_split_is_bit_identical_to_before(name, seed, want):
+  labels, _ = human_labels(np.random.default_rng(0), PAPER_N['pascal'])
+  assert digest(build(name, labels=labels, split_seed=seed)) == want
+  assert digest(build(name, labels=labels, split_seed=seed, split='equal',
+                      split_alpha=0.01)) == want
+
+
+# A PASCAL-sized attribute: 20 values (-1 = no object, as `dominant_class` gives), one
+# of them (the person) at 30 %, as in the synthetic scenes.
+ATTR = np.random.default_rng(0).choice(
+    np.arange(-1, 19), size=PAPER_N['pascal'], p=np.r_[0.3, np.full(19, 0.7 / 19)])
+
+
+def attr_of(dataset, idx):
+  return ATTR[idx] if dataset == 'pascal' else np.asarray(idx) % 3
+
+
+def dirichlet(scenario='pascal_st_nyud_mt_2c', alpha=0.5, labels=None, **overrides):
+  return scenarios.build_clients(
+      config(scenario, split='dirichlet', split_alpha=alpha, **overrides), PAPER_N,
+      parts_filter=None if labels is None else scenarios.label_parts_filter(labels),
+      attribute=attr_of)
+
+
+def mean_tv(clients, dataset='pascal'):
+  """Mean total-variation distance of the clients' attribute histograms from the pooled."""
+  pooled = np.bincount(ATTR + 1, minlength=20) / len(ATTR)
+  tv = [0.5 * np.abs(np.bincount(ATTR[c.train_indices] + 1, minlength=20) / c.num_train
+                     - pooled).sum() for c in clients if c.dataset == dataset]
+  return float(np.mean(tv))
+
+
+@pytest.mark.parametrize('alpha', [0.05, 1.0, 1000.0])
+def test_dirichlet_shares_are_disjoint_and_cover_all_but_the_filtered(alpha):
+  labels, has = human_labels(np.random.default_rng(3), PAPER_N['pascal'])
+  clients = dirichlet(alpha=alpha, labels=labels, batch_size=4)
+  assert [c.name for c in clients] == [c.name for c in build('pascal_st_nyud_mt_2c')]
+  for (dataset, kind) in (('pascal', 'st'), ('nyud', 'mt')):
+    members = by_kind(clients, dataset, kind)
+    drawn = np.concatenate([c.draw_indices for c in members])
+    np.testing.assert_array_equal(np.sort(drawn), np.arange(PAPER_N[dataset]))
+    kept = np.concatenate([c.train_indices for c in members])
+    assert len(np.unique(kept)) == len(kept)
+    for c in members:
+      assert np.all(np.diff(c.train_indices) > 0) and c.num_train >= 4
+      want = np.sort(c.draw_indices)
+      if c.tasks == ('human_parts',):  # the filter applies to the client's share, after
+        want = want[has[want]]
+      np.testing.assert_array_equal(c.train_indices, want)
+
+
+def test_dirichlet_skew_follows_alpha():
+  # 10 clients, 20 values, 3 seeds each. Measured over 30 seeds: alpha = 0.05 gives a
+  # mean TV of 0.69-0.82 (most values on one client each), alpha = 1000 0.012-0.015
+  # (Dir(1000) shares vary by sqrt(9 / 10001) ~ 3 % around 1/10, TV ~ 0.5 * 0.8 * 3 %),
+  # and random equal chunks 0.062-0.075 (sampling noise): the low bound cannot be met
+  # without dividing each value separately, the high one not without skew.
+  for seed in range(3):
+    skewed = mean_tv(dirichlet(alpha=0.05, split_seed=seed))
+    iid = mean_tv(dirichlet(alpha=1000.0, split_seed=seed))
+    chunks = mean_tv(build('pascal_st_nyud_mt_2c', split_seed=seed))
+    assert skewed > 0.5, skewed
+    assert iid < 0.03 < chunks < 0.1, (iid, chunks)
+
+
+def test_dirichlet_is_deterministic_in_split_seed():
+  a, b, c = (dirichlet(alpha=0.3, split_seed=s) for s in (7, 7, 8))
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x.train_indices, y.train_indices)
+    np.testing.assert_array_equal(x.draw_indices, y.draw_indices)
+  assert any(not np.array_equal(x.train_indices, z.train_indices) for x, z in zip(a, c))
+  np.random.seed(123)
+  before = np.random.rand()
+  np.random.seed(123)
+  dirichlet(alpha=0.3, split_seed=7)
+  assert np.random.rand() == before
+
+
+def test_dirichlet_single_client_gets_everything_as_the_equal_split():
+  # A (dataset, kind) of one client draws one permutation, as the equal split does.
+  for e, d in zip(build('mt_only', split_seed=4), dirichlet('mt_only', split_seed=4)):
+    np.testing.assert_array_equal(e.draw_indices, d.draw_indices)
+    np.testing.assert_array_equal(d.train_indices, np.arange(PAPER_N[d.dataset]))
+  (nyud,) = by_kind(dirichlet('pascal_st_nyud_mt_1c', alpha=0.1), 'nyud', 'mt')
+  np.testing.assert_array_equal(nyud.train_indices, np.arange(PAPER_N['nyud']))
+
+
+def test_dirichlet_tiny_alpha_puts_each_value_on_one_client():
+  # Below alpha ~ 1e-3 the legacy sampler's gammas underflow (0/0): the limit is used.
+  clients = by_kind(dirichlet('pascal_st_nyud_mt_1c', alpha=1e-6, batch_size=1),
+                    'pascal', 'st')
+  for v in np.unique(ATTR):
+    assert sum(np.any(ATTR[c.train_indices] == v) for c in clients) == 1
+
+
+def test_dirichlet_redraws_until_every_client_has_a_batch_then_refuses():
+  # alpha = 0.3 over 10 clients: the first draw (the RNG's first, ST before MT) leaves
+  # a client below 250 images; a later one leaves none.
+  first = scenarios.dirichlet_split(np.random.RandomState(0), ATTR, 10, 0.3)
+  assert min(len(s) for s in first) < 250
+  clients = dirichlet(alpha=0.3, batch_size=250)
+  assert min(c.num_train for c in clients) >= 250
+  with pytest.raises(ConfigError) as e:
+    dirichlet(alpha=0.05, batch_size=400)
+  msg = str(e.value)
+  assert '\n' not in msg
+  assert re.search(r"^split='dirichlet' with split_alpha=0\.05 leaves client pascal/st/\w+ at "
+                   r'best \d+ images \(< batch_size=400\) in 100 draws of 10 ST clients on '
+                   r"'pascal'; use a larger split_alpha or fewer clients$", msg), msg
+  size = int(re.search(r'at best (\d+)', msg).group(1))
+  assert size < 400
+
+
+def test_dominant_class_ignores_background_and_ignore_pixels():
+  sem = np.zeros((5, 4, 4), np.uint8)  # background everywhere
+  sem[1, :3] = 255
+  sem[1, 3, :2] = 7  # 8 ignore, 6 background, 2 of class 7
+  sem[2, :2] = 1
+  sem[2, 2, 0] = 9  # class 1 (NYUD's floor) 8 pixels, class 9 one
+  sem[3] = 255  # no labelled pixel
+  sem[4, :, :3] = 4
+  sem[4, :, 3] = 5
+  hist = scenarios.label_histograms(sem)
+  np.testing.assert_array_equal(hist.sum(axis=1), 16)
+  assert hist[1, 255] == 12 and hist[1, 7] == 2
+  labels = {'pascal': {'semseg': sem}, 'nyud': {'semseg': sem}}
+  attribute = scenarios.label_attribute(labels)
+  np.testing.assert_array_equal(attribute('pascal', np.arange(5)), [-1, 7, 1, -1, 4])
+  # NYUD's wall (0) and floor (1) fill most rooms: the objects decide.
+  np.testing.assert_array_equal(attribute('nyud', np.array([2, 4, 0])), [9, 4, -1])
+
+
+def test_split_summary_reports_counts_and_top_share():
+  clients = dirichlet('pascal_st_nyud_mt_1c', alpha=0.1, split_seed=1)
+  text = scenarios.split_summary(clients, attr_of)
+  assert '\n' not in text
+  items = text.split('; ')
+  assert len(items) == len(clients)
+  for c, item in zip(clients, items):
+    values, counts = np.unique(attr_of(c.dataset, c.train_indices), return_counts=True)
+    share = counts.max() / c.num_train
+    assert item == f'{c.name} {c.num_train} (class {values[counts.argmax()]}: {share:.0%})'
+
+
+def test_real_data_attribute_reads_the_cached_semseg(tmp_path):
+  from fake_datasets import make_pascal
+  from fedjax_mtl.data import cache as cache_lib
+  from fedjax_mtl.data import real
+  ids = [f'2008_{i:06d}' for i in range(1, 9)]
+  make_pascal(str(tmp_path / 'PASCALContext'), ids=ids)
+  out = cache_lib.prepare('pascal', str(tmp_path / 'PASCALContext'), 'train',
+                          str(tmp_path / 'cache' / 'pascal_train'), verbose=False)
+  ds = cache_lib.CachedDataset(out, tasks=('semseg',))
+  want = scenarios.dominant_class(
+      np.stack([np.bincount(ds[i]['semseg'].ravel(), minlength=256) for i in range(len(ds))]),
+      'pascal')
+  c = config('pascal_st', split='dirichlet')
+  c.data.source, c.data.data_dir = 'real', str(tmp_path)
+  attribute = real.semseg_attribute(c)
+  np.testing.assert_array_equal(attribute('pascal', np.arange(len(ds))), want)
+  np.testing.assert_array_equal(attribute('pascal', np.array([5, 2])), want[[5, 2]])

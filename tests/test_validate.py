@@ -141,6 +141,11 @@ BAD = [
     ('hca2', {'seed': -1}, 'seed=-1 is out of range; valid range: 0 <= seed < 2**32'),
     ('hca2', {'seed': 2**32}, 'seed=4294967296 is out of range'),
     ('hca2', {'split_seed': -1}, 'split_seed=-1 is out of range'),
+    ('hca2', {'split': 'foo'}, "unknown split 'foo'; valid choices: 'equal', 'dirichlet'"),
+    ('hca2', {'split_alpha': 0.0}, 'split_alpha=0.0 is out of range; valid range: '
+     'split_alpha > 0'),
+    ('hca2', {'split_alpha': -1.0}, 'split_alpha=-1.0 is out of range'),
+    ('hca2', {'split_alpha': 'x'}, "split_alpha='x' has the wrong type; expected a number"),
     ('hca2', {'data.seed': -5}, 'data.seed=-5 is out of range'),
     ('hca2', {'num_devices': -1}, 'num_devices=-1 is out of range'),
     ('hca2', {'optim.lr': 0.0}, 'optim.lr=0.0 is out of range; valid range: lr > 0'),
@@ -400,6 +405,8 @@ def test_delta_m_reference_is_a_finished_comparable_run(tmp_path):
           r'another setting \(fields: data.resolution, data.num_test\)',
       make_reference(tmp_path / 'edge', smoke('local', eval_edge_ods='off')):
           r'another setting \(fields: eval_edge_ods\)',
+      make_reference(tmp_path / 'split', smoke('local', split='dirichlet')):
+          r'another setting \(fields: split\)',
       make_reference(tmp_path / 'unfinished', rounds=2):
           r'has no final evaluation \(round 3\) in metrics.jsonl',
       make_reference(tmp_path / 'zero', values=(0.0, 0.5)):
@@ -408,6 +415,35 @@ def test_delta_m_reference_is_a_finished_comparable_run(tmp_path):
   for path, expected in bad.items():
     with pytest.raises(ConfigError, match=expected):
       validate.check_run(smoke('hca2', delta_m_reference=path), str(tmp_path / 'wd'))
+  assert not (tmp_path / 'wd').exists()
+
+
+def test_delta_m_reference_shares_the_partition(tmp_path):
+  # A Dirichlet partition is a function of split_alpha; equal chunks do not read it.
+  ref = make_reference(tmp_path / 'dir', smoke('local', split='dirichlet', split_alpha=0.1))
+  validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref, split='dirichlet',
+                                         split_alpha=0.1))
+  with pytest.raises(ConfigError, match=r'fields: split_alpha\)'):
+    validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref, split='dirichlet'))
+  with pytest.raises(ConfigError, match=r'fields: split, split_alpha\)'):
+    validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref))
+  ref = make_reference(tmp_path / 'eq', smoke('local', split_alpha=0.1))
+  validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref))
+  # A reference written before the fields existed split equally.
+  old = json.loads(smoke('local').to_json_best_effort())
+  del old['split'], old['split_alpha']
+  (tmp_path / 'eq' / 'config.json').write_text(json.dumps(old))
+  validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref, split_alpha=2.0))
+  with pytest.raises(ConfigError, match=r'fields: split\)'):
+    validate.check_delta_m_reference(smoke('hca2', delta_m_reference=ref, split='dirichlet'))
+
+
+def test_split_is_refused_in_the_many_task_setting(tmp_path):
+  config = base_config('mini8', 'fedavg')
+  config.split = 'dirichlet'
+  with pytest.raises(ConfigError, match=r"^split='dirichlet' partitions the dense setting's "
+                     'clients; the many-task setting splits with many.class_split'):
+    validate.check_run(config, str(tmp_path / 'wd'))
   assert not (tmp_path / 'wd').exists()
 
 

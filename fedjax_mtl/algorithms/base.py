@@ -60,6 +60,9 @@ class FedInfo:
   # layers that keep batch-norm statistics: FedBN keeps their parameters local.
   norm_modules: frozenset = frozenset()
   num_tasks: int = 0  # many-task setting: the benchmark's tasks (0: the dense engine)
+  # Clients a round trains under partial participation (`ServerInputs.row_valid` marks
+  # that many; fixed per run); 0: every client, every round.
+  num_participants: int = 0
 
 
   def row_client(self, role: str) -> tuple[int, ...]:

@@ -44,5 +44,5 @@ def build(info: FedInfo, config=None) -> Algorithm:
     return {'decoder': tune, 'head': tune}
 
   return Algorithm(name='fedbabu', client=Client(trainable=trainable),
-                   server=rules.for_rounds(rules.mean(), last_fed_round),
+                   server=rules.for_rounds(rules.mean('uniform', info), last_fed_round),
                    roles={'encoder': 'shared', 'decoder': 'frozen', 'head': 'frozen'})

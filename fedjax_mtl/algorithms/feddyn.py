@@ -11,6 +11,7 @@ with θ_k = θ + Δ_k; under `dea(feddyn)` the masked update Δ̃_k enters both 
 """
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from fedjax_mtl import fields
@@ -58,9 +59,14 @@ def server(info: FedInfo, alpha: float, weighting: str = 'uniform') -> Server:
     for role, local in x.local.items():
       w = rules.row_weights(weighting, info, role, x)
       prev = tree_mean(stack(x.prev[role]), w)  # the rows start from one model
+      # Partial participation (Alg. 1): h moves by (1/m) Σ_{k∈P}, m every row; the
+      # weights w are over the participants, so the total that gives k/m = |P|/k is k²/|P|.
+      k = len(info.row_client(role))
+      total = (None if x.row_valid is None else
+               k * k / jnp.sum(x.row_valid[jnp.asarray(info.row_client(role))]))
       new, h[role] = plugin_math.feddyn_server(
           prev, tree_sub(stack(local), stack(x.prev[role])), state.shared[role], alpha,
-          weights=w)
+          num_clients_total=total, weights=w)
       out[role] = broadcast_rows(new, stack(local))
     return out, ServerState(shared=h, rows=state.rows), {}
 

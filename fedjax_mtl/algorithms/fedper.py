@@ -6,6 +6,6 @@ from fedjax_mtl.algorithms.base import Algorithm, Client, FedInfo
 
 def build(info: FedInfo, config=None) -> Algorithm:
   """FedAvg on the encoders only."""
-  del info, config
-  return Algorithm(name='fedper', client=Client(), server=rules.mean(),
+  del config
+  return Algorithm(name='fedper', client=Client(), server=rules.mean('uniform', info),
                    roles={'encoder': 'shared', 'decoder': 'personal', 'head': 'personal'})

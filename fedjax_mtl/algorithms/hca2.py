@@ -9,6 +9,13 @@ Per round (spec fedhca2.md §3.5, released-code order):
   4. decoders: Ã = cross_attention(Δθ^D) per tensor; θ_k ← θ_k + Δθ_k + clamp(β_{k,l})·Ã_k.
 Ũ, Ã, α, β and the two SGD states are the rule's state (checkpointed).
 
+Partial participation (`ServerInputs.row_valid`, `participation.py`): the round's
+participants are the federation. Ũ is the conflict-averse update of their encoder
+updates alone (gathered into `FedInfo.num_participants` rows), Ã attends over their
+decoders only, α_i and β_k (and their SGD state) step only for participants, homo
+averaging means over a run's participants, and the rows of the clients that sat the
+round out keep their parameters and their Ã^(r-1).
+
 Ablations (config.hca2): `encoder_agg` in {conflict_averse, fedavg, none},
 `decoder_agg` in {cross_attention, fedavg, none}, `ca_c`, `ca_rescale`, `homo`,
 `alpha_init`, `beta_init`, `hyper_lr`, `hyper_momentum`, `hyper_weight_decay`.
@@ -119,7 +126,8 @@ def _runs(ids) -> list[tuple[int, int]]:
 
 
 def personalize_encoders(prev: PyTree, local: PyTree, alpha: jax.Array, u: PyTree,
-                         homo_ids: tuple[int, ...] | None = None) -> PyTree:
+                         homo_ids: tuple[int, ...] | None = None,
+                         valid: jax.Array | None = None) -> PyTree:
   """θ_i ← θ_i + Δθ_i + clamp(α_i)·Ũ per encoder row, written part by part.
 
   `prev`/`local` are stacked or `Blocks` (the output has the same form). With
@@ -149,8 +157,11 @@ def personalize_encoders(prev: PyTree, local: PyTree, alpha: jax.Array, u: PyTre
     for s0, s1, a, b in inside:
       if s0 > at:
         pieces.append(ll[at - lo:s0 - lo])
+      # Over the run's participants (`valid`): the others' updates are zero.
+      share = (1.0 / (b - a) if valid is None
+               else 1.0 / jnp.maximum(jnp.sum(valid[a:b]).astype(jnp.float32), 1.))
       mean = sum(row(flat_l, leaf, i).astype(jnp.float32) - row(flat_p, leaf, i).astype(
-          jnp.float32) for i in range(a, b)) * (1.0 / (b - a))
+          jnp.float32) for i in range(a, b)) * share
       pieces.append((pp[s0 - lo:s1 - lo].astype(jnp.float32) + mean[None]).astype(pp.dtype))
       at = s1
     if at < hi:
@@ -186,12 +197,55 @@ def _hyper_tx(cfg) -> optax.GradientTransformation:
                                           momentum=_traced(cfg, 'hyper_momentum')))
 
 
-def _hyper_step(tx, w, opt, grad, on):
-  """One SGD step on a hyper weight, taken only when `on` (from round 2)."""
+def _hyper_step(tx, w, opt, grad, on, rows=None):
+  """One SGD step on a hyper weight, taken only when `on` (from round 2) and, with
+  `rows` ([rows] bool over the weight's first axis), only in those rows (the round's
+  participants; their momentum too)."""
   upd, new_opt = tx.update(grad, opt, w)
   new_w = optax.apply_updates(w, upd)
-  pick = lambda a, b: jax.tree.map(lambda x, y: jnp.where(on, x, y), a, b)
+
+  def one(x, y):
+    keep = on
+    if rows is not None and x.shape[:1] == rows.shape:
+      keep = on & rows.reshape(rows.shape + (1,) * (x.ndim - 1))
+    return jnp.where(keep, x, y)
+
+  pick = lambda a, b: jax.tree.map(one, a, b)
   return pick(new_w, w), pick(new_opt, opt)
+
+
+def participant_rows(view: PyTree, valid: jax.Array, m: int) -> PyTree:
+  """The `m` rows of `view` (stacked or `Blocks`) where `valid` ([rows] bool, exactly
+  `m` True) is set, in row order, stacked: each part gives its valid rows first (at
+  most m of them, a gather in place), then the m are picked from those."""
+  picked, flags = [], []
+  for lo, part in row_offsets(view):
+    rows = num_rows(part)
+    k = min(rows, m)
+    on = valid[lo:lo + rows]
+    idx = jnp.nonzero(on, size=k, fill_value=0)[0]
+    picked.append(jax.tree.map(lambda x: jnp.take(x, idx, axis=0), part))
+    flags.append(jnp.arange(k) < jnp.sum(on))
+  flags = jnp.concatenate(flags)
+  final = jnp.nonzero(flags, size=m, fill_value=0)[0]
+  return jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs, 0), final, axis=0), *picked)
+
+
+def _scatter(values: jax.Array, valid: jax.Array, m: int) -> jax.Array:
+  """[rows] from the m participants' `values` (in row order), 0 elsewhere."""
+  idx = jnp.nonzero(valid, size=m, fill_value=0)[0]
+  return jnp.zeros(valid.shape + values.shape[1:], values.dtype).at[idx].set(values)
+
+
+def _keep_prev(new: PyTree, prev: PyTree, valid: jax.Array) -> PyTree:
+  """`new` on the valid rows, `prev` on the others (stacked or `Blocks` alike)."""
+  parts = []
+  for (lo, n), (_, p) in zip(row_offsets(new), row_offsets(prev)):
+    on = valid[lo:lo + num_rows(n)]
+    parts.append(jax.tree.map(
+        lambda a, b: jnp.where(on.reshape((-1,) + (1,) * (a.ndim - 1)), a, b.astype(a.dtype)),
+        n, p))
+  return Blocks(tuple(parts)) if isinstance(new, Blocks) else parts[0]
 
 
 def conflict_averse_encoders(info: FedInfo, cfg) -> Server:
@@ -209,15 +263,25 @@ def conflict_averse_encoders(info: FedInfo, cfg) -> Server:
   def apply(state: ServerState, x: ServerInputs):
     st = state.shared
     prev, local = x.prev['encoder'], x.local['encoder']  # Blocks: the groups' own arrays
+    valid, m = x.row_valid, info.num_participants
+    ca_args = (local, prev) if valid is None else (participant_rows(local, valid, m),
+                                                   participant_rows(prev, valid, m))
     # The encoder deltas (N x 27.5M for Swin-T) are never materialised: the Gram
     # matrix and the α inner products <Ũ^(r-1), Δθ_i> share one read pass.
-    u, aux = hm.conflict_averse_from(local, prev, c=_traced(cfg, 'ca_c'),
+    u, aux = hm.conflict_averse_from(*ca_args, c=_traced(cfg, 'ca_c'),
                                      rescale=cfg.ca_rescale, probe=st['prev_u'],
                                      diagnostics=False)
-    g_alpha = hm.hyper_grad(aux['probe_dots'], st['alpha'])
-    alpha, alpha_opt = _hyper_step(tx, st['alpha'], st['alpha_opt'], g_alpha, x.round >= 1)
-    enc = personalize_encoders(prev, local, alpha, u, homo_ids if homo_active else None)
-    logs = dict(alpha=alpha, alpha_grad=g_alpha, ca_w=aux['w'],
+    dots, ca_w = aux['probe_dots'], aux['w']
+    if valid is not None:
+      dots, ca_w = _scatter(dots, valid, m), _scatter(ca_w, valid, m)
+    g_alpha = hm.hyper_grad(dots, st['alpha'])
+    alpha, alpha_opt = _hyper_step(tx, st['alpha'], st['alpha_opt'], g_alpha, x.round >= 1,
+                                   valid)
+    enc = personalize_encoders(prev, local, alpha, u, homo_ids if homo_active else None,
+                               valid)
+    if valid is not None:
+      enc = _keep_prev(enc, prev, valid)
+    logs = dict(alpha=alpha, alpha_grad=g_alpha, ca_w=ca_w,
                 ca_conflict_rate=aux['conflict_rate'])
     return ({'encoder': enc},
             state._replace(shared={'alpha': alpha, 'alpha_opt': alpha_opt, 'prev_u': u}), logs)
@@ -239,12 +303,15 @@ def cross_attention_decoders(info: FedInfo, cfg) -> Server:
   def apply(state: ServerState, x: ServerInputs):
     st = state.shared
     prev, local = x.prev['decoder'], x.local['decoder']
+    valid = None if x.row_valid is None else x.row_valid[jnp.asarray(info.decoder_client)]
     d_dec = tree_sub(local, prev)
     layers = layer_of_leaf(prev, info.decoder_layers)
     g_beta = hm.beta_grad(st['prev_a'], d_dec, st['beta'], layers)
-    beta, beta_opt = _hyper_step(tx, st['beta'], st['beta_opt'], g_beta, x.round >= 1)
-    a, att = hm.cross_attention(d_dec, return_attention=True)
+    beta, beta_opt = _hyper_step(tx, st['beta'], st['beta_opt'], g_beta, x.round >= 1, valid)
+    a, att = hm.cross_attention(d_dec, return_attention=True, valid=valid)
     dec = _add_scaled(local, hm.beta_per_leaf(beta, layers), a)
+    if valid is not None:
+      dec, a = _keep_prev(dec, prev, valid), _keep_prev(a, st['prev_a'], valid)
     logs = dict(beta=beta, beta_grad=g_beta,
                 attention_entropy=_layer_entropy(att['entropy'], layers, num_layers))
     return ({'decoder': dec},
@@ -259,9 +326,9 @@ def build(info: FedInfo, config=None) -> Algorithm:
   either place."""
   cfg = CONFIG.of(config)
   enc = {'conflict_averse': lambda: conflict_averse_encoders(info, cfg),
-         'fedavg': rules.mean}.get(cfg.encoder_agg)
+         'fedavg': lambda: rules.mean('uniform', info)}.get(cfg.encoder_agg)
   dec = {'cross_attention': lambda: cross_attention_decoders(info, cfg),
-         'fedavg': rules.mean}.get(cfg.decoder_agg)
+         'fedavg': lambda: rules.mean('uniform', info)}.get(cfg.decoder_agg)
   parts = {r: f() for r, f in (('encoder', enc), ('decoder', dec)) if f is not None}
   return Algorithm(
       name='hca2', client=Client(), server=rules.by_role(parts),

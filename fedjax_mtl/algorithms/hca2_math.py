@@ -405,23 +405,29 @@ def conflict_averse_from(
 # ----------------------------------------------------------------------------
 
 
-def _attend(leaf: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _attend(leaf: jax.Array, valid: jax.Array | None = None
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
   v = _flat(leaf)
   d = v.shape[1]
   # Keys include self; no projections; 1/sqrt(d) with d = numel of this tensor.
   logits = _dot(v, v.T) / math.sqrt(d)
+  if valid is not None:  # only the participants' decoders are keys
+    logits = jnp.where(valid[None, :], logits, -jnp.inf)
   attn = jax.nn.softmax(logits, axis=-1)
   out = _dot(attn, v).reshape(leaf.shape).astype(leaf.dtype)
   entropy = -jnp.sum(attn * jnp.log(jnp.maximum(attn, 1e-38)), axis=-1)
-  return out, attn, jnp.mean(entropy)
+  if valid is None:
+    return out, attn, jnp.mean(entropy)
+  return out, attn, jnp.sum(jnp.where(valid, entropy, 0.)) / jnp.maximum(jnp.sum(valid), 1)
 
 
 def cross_attention(
-    deltas: PyTree, return_attention: bool = False
+    deltas: PyTree, return_attention: bool = False, valid: jax.Array | None = None
 ) -> PyTree | tuple[PyTree, dict[str, PyTree]]:
-  """Per-tensor cross attention Ã = softmax(V Vᵀ/√d) V over stacked decoder updates [K, ...]."""
+  """Per-tensor cross attention Ã = softmax(V Vᵀ/√d) V over stacked decoder updates [K, ...];
+  with `valid` ([K] bool) only those rows are keys (the round's participants)."""
   leaves, treedef = jax.tree_util.tree_flatten(deltas)
-  res = [_attend(x) for x in leaves]
+  res = [_attend(x, valid) for x in leaves]
   out = jax.tree_util.tree_unflatten(treedef, [r[0] for r in res])
   if not return_attention:
     return out

@@ -44,11 +44,15 @@ def check_weighting(weighting: str) -> None:
 
 def row_weights(weighting: str, info: FedInfo, role: str, x: ServerInputs) -> jax.Array:
   """[rows] normalised weights of `role`'s rows: uniform, or by the number of local
-  examples of each row's owner client (Eq. 6's w_k)."""
+  examples of each row's owner client (Eq. 6's w_k); over the round's participants
+  only when `x.row_valid` marks them (the others weigh 0)."""
   owners = jnp.asarray(info.row_client(role))
   if weighting == 'uniform':
-    return jnp.full(owners.shape, 1.0 / owners.shape[0], jnp.float32)
-  n = x.num_examples[owners].astype(jnp.float32)
+    n = jnp.ones(owners.shape, jnp.float32)
+  else:
+    n = x.num_examples[owners].astype(jnp.float32)
+  if x.row_valid is not None:
+    n = jnp.where(x.row_valid[owners], n, 0.)
   return n / jnp.sum(n)
 
 
@@ -57,13 +61,17 @@ def mean(weighting: str = 'uniform', info: FedInfo | None = None) -> Server:
 
   `weighting='uniform'` (FedHCA2's released baselines) or `'examples'` (rows
   weighted by their owner client's number of local examples; needs `info`).
+  With partial participation (`ServerInputs.row_valid`) the mean is over the
+  participants' rows, and every row gets it: the clients that sat the round out
+  hold the new global model, as they would download it when next sampled.
   """
   check_weighting(weighting)
 
   def apply(state, x: ServerInputs):
     out = {}
     for role, local in x.local.items():
-      w = row_weights(weighting, info, role, x) if weighting == 'examples' else None
+      w = (row_weights(weighting, info, role, x)
+           if weighting == 'examples' or x.row_valid is not None else None)
       out[role] = broadcast_rows(tree_mean(local, w), local)
     return out, state, {}
 

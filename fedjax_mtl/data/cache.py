@@ -261,6 +261,18 @@ class CachedDataset:
     flags = self.meta.get('has_human_parts')
     return None if flags is None else np.asarray(flags, bool)[self.source_indices]
 
+  def label_histograms(self, task: str = 'semseg') -> np.ndarray:
+    """[len, 256] counts of each label value per sample of a one-channel uint8 label
+    field (one pass over its memory map; human_parts as stored, flags not applied)."""
+    if task not in self.tasks or _CHANNELS.get(task) != 1 or task in _DTYPES:
+      raise CacheError(f'{self.cache_dir}: no uint8 label field {task!r} opened; '
+                       f'opened: {list(self.tasks)}')
+    flat = self._arrays()[task]
+    out = np.zeros((len(self), 256), np.int64)
+    for i, j in enumerate(self.source_indices):
+      out[i] = np.bincount(flat[self._offsets[j]:self._offsets[j + 1]], minlength=256)
+    return out
+
   def image_sizes(self) -> np.ndarray:
     """(H, W) of every sample, [len, 2]."""
     return self._shapes[self.source_indices]

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import grain
 import numpy as np
 
+from fedjax_mtl import scenarios
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.data import pipeline
 from fedjax_mtl.data import transforms as T
@@ -87,6 +88,21 @@ def parts_filter(config):
     return ds.source_indices
 
   return keep
+
+
+def semseg_attribute(config):
+  """`attribute(dataset, indices) -> values` for `split='dirichlet'`: each train
+  image's dominant semseg class (`scenarios.dominant_class`), from the cache's
+  semseg labels in one pass per dataset (seconds for PASCAL's 4,998 images)."""
+  values: dict[str, np.ndarray] = {}
+
+  def attribute(dataset: str, indices: np.ndarray) -> np.ndarray:
+    if dataset not in values:
+      ds = open_split(config, dataset, 'train', tasks=('semseg',))
+      values[dataset] = scenarios.dominant_class(ds.label_histograms('semseg'), dataset)
+    return values[dataset][np.asarray(indices, np.int64)]
+
+  return attribute
 
 
 def client_source(config, client) -> CachedDataset:

@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import comm, distributed, evaluation, experiment, report, rounds, sources
+from fedjax_mtl import (comm, distributed, evaluation, experiment, participation, report, rounds,
+                        sources)
 from fedjax_mtl.algorithms import dp
 from fedjax_mtl.algorithms.base import linearized_forward, unified_mode
 from fedjax_mtl.data import device_augment
@@ -112,6 +113,11 @@ class Programs:
     return rounds.make_train_fns(self.exp)
 
   @functools.cached_property
+  def sampled_train_fns(self) -> list:
+    """Per group: an in-memory round of some of its clients (`rounds.make_sampled_train_fns`)."""
+    return rounds.make_sampled_train_fns(self.exp)
+
+  @functools.cached_property
   def chunk_fns(self) -> list:
     """Per group: local training on one streamed chunk (`rounds.make_chunk_fns`)."""
     return rounds.make_chunk_fns(self.exp)
@@ -199,6 +205,8 @@ class DenseEngine:
     self.label = f'{config.algorithm} {self.exp.fed.num_clients} clients'
     self.steps_per_round = sum(rounds.group_steps(self.exp))
     self.linear = evaluates_linear(self.exp)  # also evaluates the linearised models
+    participation.check_supported(config, self.exp.fed.num_clients, self.exp.streamed)
+    self.sampler = participation.Sampler(config, self.exp.fed)
     # Every eval record of a unified-model run carries its A1 decision.
     mode = unified_mode(config)
     self.record = {} if mode == 'none' else {'unified': mode}
@@ -246,12 +254,19 @@ class DenseEngine:
     jobs = []
     if not self.source.streamed:
       metrics = []
-      for g, (spec, fn) in enumerate(zip(exp.fed.groups, p.train_fns)):
+      partial = self.sampler.partial
+      fns = p.sampled_train_fns if partial else p.train_fns
+      for g, (spec, fn) in enumerate(zip(exp.fed.groups, fns)):
         args = (state.groups[g], start[g], self.source.train[spec.dataset]['train'],
                 state.round, state.rng, rounds.num_rounds(exp))
-        jobs.append((f'train {spec.dataset} x{spec.num_real}', fn, args))
+        if partial:
+          args += (self.put_rows(np.arange(self.sampler.slots[g], dtype=np.int32)),)
+        jobs.append((f'train {spec.dataset} x{len(args[-1]) if partial else spec.num_real}',
+                     fn, args))
         metrics.append(with_sharding(jax.eval_shape(fn, *args)[1], exp.client_sharding))
-      jobs.append(('aggregate', p.agg_fn, (rounds.agg_core(state), params, start, metrics)))
+      valid = (self.put_rows(np.ones(exp.fed.num_clients, bool)),) if partial else ()
+      jobs.append(('aggregate', p.agg_fn,
+                   (rounds.agg_core(state), params, start, metrics, *valid)))
       jobs.append(('evaluate', p.eval_fn, (state.groups, self.source.test)))
     else:
       if jax.process_count() > 1:
@@ -280,7 +295,15 @@ class DenseEngine:
     if self.source.streamed:
       return self._streamed_round(rounds.begin_round(self.programs.begin, state), rnd,
                                   progress)
+    if self.sampler.partial:
+      rows = [self.put_rows(r) for r in self.sampler.rows(rnd)]
+      return memory_round(self.exp, self.programs, state, self.source.train, progress,
+                          rows, self.put_rows(self.sampler.mask(rnd)))
     return memory_round(self.exp, self.programs, state, self.source.train, progress)
+
+  def put_rows(self, x: np.ndarray) -> jax.Array:
+    """A host array of the round's participants, replicated over the mesh."""
+    return distributed.put_replicated(x, self.exp.replicated)
 
   def _streamed_round(self, state: FedState, rnd: int, progress) -> tuple[FedState, dict]:
     """Chunks are dispatched asynchronously: the host prepares the next chunk while
@@ -319,9 +342,12 @@ class DenseEngine:
     """The round's metrics.jsonl rows: a train row per (client, task), the agg row and
     the communication row (bytes per client, `fedjax_mtl.comm`)."""
     rows = []
+    took_part = self.sampler.mask(rnd)
     for spec, m in zip(self.exp.fed.groups, out['train']):
       for j, cid in enumerate(spec.client_ids):
         c = self.exp.fed.clients[cid]
+        if not took_part[cid]:
+          continue  # a client that sat the round out trained nothing
         for s, t in enumerate(c.tasks):
           rows.append({'round': rnd, 'type': 'train', 'client': c.name, 'dataset': c.dataset,
                        'task': t, 'loss': float(m['loss'][j, s]), 'steps': int(m['steps'][j])})
@@ -329,13 +355,13 @@ class DenseEngine:
       rows.append({'round': rnd, 'type': 'agg',
                    **{k: np.asarray(v).tolist() for k, v in out['agg'].items()},
                    **self.privacy_row(rnd)})
-    rows.append(self.account.row(rnd))
+    rows.append(self.account.row(rnd, took_part))
     return rows
 
   @functools.cached_property
   def epsilons(self) -> list[float] | None:
     """ε after each round of a `dp(...)` run (`dp.run_epsilons`), else None."""
-    return dp.run_epsilons(self.config)
+    return dp.run_epsilons(self.config, self.sampler.rate())
 
   def privacy_row(self, rnd: int) -> dict:
     """The privacy spent after round `rnd` ({'dp_epsilon', 'dp_delta'}; {} without DP)."""
@@ -501,23 +527,29 @@ class DenseEngine:
 
 
 def memory_round(exp: Experiment, p, state: FedState, train: dict,
-                 progress: Callable[[int], None] | None = None) -> tuple[FedState, dict]:
+                 progress: Callable[[int], None] | None = None, rows: list | None = None,
+                 valid: jax.Array | None = None) -> tuple[FedState, dict]:
   """A round on device-resident data (`train`: the source's arrays per dataset) with the
   programs `p` (`begin`, `round_start`, `train_fns`, `agg_fn`, `stats_fn`: `Programs`,
-  or a sweep's with their values bound, `engines.replicas`)."""
+  or a sweep's with their values bound, `engines.replicas`). `rows` (per group, the
+  participating rows) and `valid` ([N] bool): a round of some clients only
+  (`participation`), through `p.sampled_train_fns`."""
   state = rounds.begin_round(p.begin, state)
   start = rounds.round_start(p.round_start, [gs.params for gs in state.groups])
   groups, metrics = [], []
   steps = rounds.group_steps(exp)
-  for g, (spec, fn) in enumerate(zip(exp.fed.groups, p.train_fns)):
+  fns = p.train_fns if rows is None else p.sampled_train_fns
+  for g, (spec, fn) in enumerate(zip(exp.fed.groups, fns)):
+    extra = () if rows is None else (rows[g],)
     gs, m = fn(state.groups[g], start[g], train[spec.dataset]['train'], state.round,
-               state.rng, rounds.num_rounds(exp))
+               state.rng, rounds.num_rounds(exp), *extra)
     groups.append(gs)
     metrics.append(m)
     if progress is not None:
       jax.block_until_ready(m['steps'])  # one wait per group, only to report truthfully
       progress(steps[g])
-  return rounds.aggregate(p.agg_fn, state.replace(groups=groups), start, metrics, p.stats_fn)
+  return rounds.aggregate(p.agg_fn, state.replace(groups=groups), start, metrics, p.stats_fn,
+                         valid)
 
 
 def divergence(exp: Experiment, rnd: int, health: dict) -> str | None:

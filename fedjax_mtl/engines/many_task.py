@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import algorithms, report
+from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.manytask import run as run_lib
 from fedjax_mtl.manytask.feed import RoundFeed
 
@@ -32,6 +33,9 @@ class ManyTaskEngine:
   """The many-task setting's rounds, evaluation and records."""
 
   def __init__(self, config):
+    if float(config.get('participation', 1.0)) != 1.0:
+      raise ConfigError(f'participation={config.participation!r} is the dense engine\'s; the '
+                        'many-task setting samples its clients with many.participation')
     self.config = config
     self.run = run_lib.build_run(config)  # every input is read (and checked) here
     setting = self.run.setting

@@ -1,0 +1,293 @@
+"""Partial participation (fedjax_mtl/participation.py) in the dense engine.
+
+- the sampler: slots per group, stateless seeded draws, weighting by examples;
+- the server rules over the participants only, against NumPy over two rounds of a
+  4-client federation (FedAvg's mean, uniform and by examples; FedNova; FedDyn's h);
+- the engine: non-participants keep every part of their state through local
+  training and aggregation, participants train as in a full round, FedAvg's new
+  model is the mean of the participants' uploads, a resumed run draws the same
+  clients, bad input is one line before anything is written.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from fedjax_mtl import experiment, participation, rounds, train
+from fedjax_mtl.algorithms import FedInfo, ServerInputs, ServerState, fednova, feddyn, rules
+from fedjax_mtl.engines import dense
+from fedjax_mtl.errors import ConfigError
+
+N = 4
+
+
+def test_slots_share_the_rounds_clients_among_the_groups():
+  assert participation.total(0.1, 24) == 3 and participation.total(1.0, 24) == 24
+  assert participation.total(5, 24) == 5
+  # 4c: 20 PASCAL and 4 NYUD clients; 3 slots by largest remainder (2.5, 0.5), then one
+  # for every group.
+  assert participation.group_slots((20, 4), 0.1) == (3, 1)
+  assert participation.group_slots((20, 4), 0.5) == (10, 2)
+  assert participation.group_slots((4, 1), 0.5) == (2, 1)
+  assert participation.group_slots((4, 1), 1.0) == (4, 1)
+  for bad in (0, -0.5, 1.5, 7, True, 'half'):
+    with pytest.raises(ConfigError, match='participation=.* is out of range; valid: a fraction'):
+      participation.total(bad, 6)
+
+
+def test_draws_are_seeded_stateless_and_weighted_by_examples():
+  a = participation.sample((20, 4), (3, 1), seed=0, rnd=5)
+  assert [len(r) for r in a] == [3, 1] and all(np.all(np.diff(r) > 0) for r in a)
+  np.testing.assert_array_equal(np.concatenate(a), np.concatenate(
+      participation.sample((20, 4), (3, 1), seed=0, rnd=5)))
+  draws = [participation.sample((20, 4), (3, 1), seed=0, rnd=r) for r in range(1, 41)]
+  assert len({tuple(d[0]) for d in draws}) > 30  # rounds draw other clients
+  # By examples: one client holds 91 % of a group's examples.
+  ex = [np.array([100] + [1] * 9, np.float64)]
+  hits = sum(0 in participation.sample((10,), (1,), 0, r, ex)[0] for r in range(1, 401))
+  assert hits > 300  # p = 0.917: 400 draws give 367 ± 6
+
+
+def _info():
+  return FedInfo(num_clients=N, num_decoders=N, decoder_client=tuple(range(N)),
+                 decoder_names=tuple(f'd{i}' for i in range(N)),
+                 client_names=tuple(f'c{i}' for i in range(N)), homo_groups=tuple(range(N)))
+
+
+def _round(rng, prev, valid):
+  """Uploads: participants moved, the others' uploads are their start (untrained)."""
+  local = {r: jax.tree.map(lambda p: np.where(valid.reshape((-1,) + (1,) * (p.ndim - 1)),
+                                              p + rng.normal(size=p.shape).astype(np.float32),
+                                              p), v) for r, v in prev.items()}
+  return local
+
+
+@pytest.mark.parametrize('weighting', ['uniform', 'examples'])
+def test_fedavg_fednova_and_feddyn_aggregate_the_participants_only(weighting):
+  rng = np.random.default_rng(0)
+  info = _info()
+  examples = np.array([10., 20., 30., 40.], np.float32)
+  steps = np.array([2, 4, 1, 3], np.int32)
+  valids = [np.array([True, False, True, True]), np.array([False, True, True, False])]
+  one = rng.normal(size=(5, 3)).astype(np.float32)
+  prev = {'encoder': {'w': np.broadcast_to(one, (N, 5, 3)).copy()}}
+  alpha = 0.1
+  servers = {'mean': rules.mean(weighting, info), 'fednova': fednova.server(info, weighting),
+             'feddyn': feddyn.server(info, alpha, weighting)}
+  states = {k: s.init(prev) for k, s in servers.items()}
+  want = {k: prev['encoder']['w'].copy() for k in servers}
+  h = np.zeros((5, 3), np.float32)
+  for rnd, valid in enumerate(valids):
+    w = (examples if weighting == 'examples' else np.ones(N, np.float32)) * valid
+    w = w / w.sum()
+    for name, server in servers.items():
+      start = {'encoder': {'w': want[name]}}
+      local = _round(np.random.default_rng(rnd), start, valid)
+      x = ServerInputs(prev=start, local=local, num_examples=jnp.asarray(examples),
+                       num_steps=jnp.asarray(steps * valid), client_ids=jnp.arange(N),
+                       round=jnp.int32(rnd), row_valid=jnp.asarray(valid))
+      new, states[name], _ = jax.jit(server.apply)(states[name], x)
+      theta = want[name][0]
+      deltas = local['encoder']['w'] - start['encoder']['w']
+      if name == 'mean':
+        ref = theta + np.tensordot(w, deltas, 1)
+      elif name == 'fednova':  # θ + τ_eff Σ w_k Δ_k/τ_k over the participants
+        tau = steps * valid
+        ref = theta + np.sum(w * tau) * np.tensordot(w / np.maximum(tau, 1), deltas, 1)
+      else:  # Acar et al. Alg. 1: h -= α (1/m) Σ_P Δ_k; θ = mean_P θ_k − h/α
+        h = h - alpha * np.tensordot(w, deltas, 1) * valid.sum() / N
+        ref = theta + np.tensordot(w, deltas, 1) - h / alpha
+      np.testing.assert_allclose(new['encoder']['w'], np.broadcast_to(ref, (N, 5, 3)),
+                                 rtol=1e-5, atol=1e-6)
+      want[name] = np.asarray(new['encoder']['w'])
+
+
+@pytest.fixture(scope='module')
+def smoke():
+  """The smoke FedAvg federation (4 PASCAL single-task clients, 1 NYUD multi-task) and
+  its round-0 state, with half the clients a round."""
+  cfg = tiny_config('fedavg', participation=0.5, num_rounds=2)
+  eng = dense.DenseEngine(experiment.build(cfg), cfg)
+  eng.open(0)
+  return eng, eng.init_state()
+
+
+def test_a_round_trains_the_participants_and_leaves_the_others(smoke):
+  eng, state = smoke
+  exp = eng.exp
+  full = dense.programs(exp)
+  rows = eng.sampler.rows(1)
+  assert [len(r) for r in rows] == [2, 1]
+  data = eng.source.train
+  before = jax.device_get(state)
+  starts = [gs.params for gs in state.groups]
+  for g, spec in enumerate(exp.fed.groups):
+    args = (state.groups[g], starts[g], data[spec.dataset]['train'], state.round, state.rng,
+            rounds.num_rounds(exp))
+    part, m = full.sampled_train_fns[g](*args, eng.put_rows(rows[g]))
+    every, m_all = full.train_fns[g](*args)
+    on = np.zeros(spec.num_total, bool)
+    on[rows[g]] = True
+    for got, ref, old in zip(jax.tree.leaves(jax.device_get(part)),
+                             jax.tree.leaves(jax.device_get(every)),
+                             jax.tree.leaves(before.groups[g])):
+      np.testing.assert_array_equal(got[~on], old[~on])  # untouched, bit for bit
+      # A participant's row is its row of the full round (other batch shapes: rounding).
+      np.testing.assert_allclose(got[on], ref[on], rtol=2e-5, atol=2e-6)
+    assert (np.asarray(m['steps'])[~on] == 0).all()
+    np.testing.assert_array_equal(np.asarray(m['steps'])[on], np.asarray(m_all['steps'])[on])
+
+
+def test_fedavg_gives_every_client_the_participants_mean(smoke):
+  eng, state = smoke
+  exp = eng.exp
+  mask = eng.sampler.mask(1)
+  # The participants' trained encoders, by the round's own trainers.
+  rows = [eng.put_rows(r) for r in eng.sampler.rows(1)]
+  trained = [fn(gs, gs.params, eng.source.train[spec.dataset]['train'], state.round, state.rng,
+                rounds.num_rounds(exp), r)[0].params
+             for fn, gs, spec, r in zip(dense.programs(exp).sampled_train_fns, state.groups,
+                                        exp.fed.groups, rows)]
+  want = jax.tree.map(lambda x: np.asarray(x)[mask].mean(0),
+                      jax.device_get(experiment.views(exp, trained, 'encoder')))
+  before = jax.device_get(state)
+  new, out = eng.run_round(state, 1)  # (donates the state's round and key: the last user)
+  enc = jax.device_get(experiment.views(exp, [gs.params for gs in new.groups], 'encoder'))
+  for got, ref in zip(jax.tree.leaves(enc), jax.tree.leaves(want)):
+    np.testing.assert_allclose(got, np.broadcast_to(ref, got.shape), rtol=1e-5, atol=1e-6)
+  # Non-participants' batch-norm statistics and optimizer states did not move.
+  for g, spec in enumerate(exp.fed.groups):
+    off = ~mask[np.asarray(spec.client_ids)]
+    for a, b in zip(jax.tree.leaves((new.groups[g].batch_stats, new.groups[g].opt_state)),
+                    jax.tree.leaves((before.groups[g].batch_stats,
+                                     before.groups[g].opt_state))):
+      np.testing.assert_array_equal(np.asarray(a)[:spec.num_real][off],
+                                    np.asarray(b)[:spec.num_real][off])
+  steps = np.concatenate([np.asarray(m['steps'])[:g.num_real]
+                          for m, g in zip(out['train'], exp.fed.groups)])
+  assert (steps[~mask] == 0).all() and (steps[mask] > 0).all()
+  # The round's rows: train rows and traffic of the participants only.
+  rows = eng.round_rows(1, jax.device_get(out))
+  names = {r['client'] for r in rows if r['type'] == 'train'}
+  assert names == {c.name for c, on in zip(exp.fed.clients, mask) if on}
+  comm = [r for r in rows if r['type'] == 'comm'][0]
+  assert [b > 0 for b in comm['up_bytes']] == mask.tolist()
+
+
+def test_resume_draws_the_same_clients_and_matches(tmp_path):
+  cfg = tiny_config('fedavg', participation=0.5, num_rounds=3)
+  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
+  part = tmp_path / 'part'
+  assert train.train_and_evaluate(cfg, str(part), stop_after=1)['interrupted']
+  resumed = train.train_and_evaluate(cfg, str(part))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(full['state']),
+               jax.device_get(resumed['state']))
+
+
+@pytest.mark.parametrize('over,message', [
+    ({'participation': 0.0}, 'participation=0.0 is out of range'),
+    ({'participation': 7}, r'participation=7(\.0)? is out of range; valid: a fraction in \(0, 1\] or '
+                           'a number of clients from 2 to 5'),
+    ({'participation': 0.5, 'algorithm': 'fedamp'}, "'fedamp' has no partial-participation"),
+    ({'participation': 0.5, 'algorithm': 'momentum(fedavg)'},
+     r'the momentum\(...\) wrapper has no partial-participation rule'),
+    ({'participation_weighting': 'size'}, 'participation_weighting'),
+    ({'participation': 0.5, 'algorithm': 'many'},
+     "participation=0.5 is the dense engine's; the many-task setting samples"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, over, message):
+  from conftest import override
+  if over.get('algorithm') == 'many':
+    from test_manytask import tiny
+    cfg = tiny('fedavg')
+  else:
+    cfg = tiny_config(over.get('algorithm', 'fedavg'))
+  override(cfg, **{k: v for k, v in over.items() if k != 'algorithm'})
+  with pytest.raises((ConfigError, ValueError), match=message):
+    train.train_and_evaluate(cfg, str(tmp_path / 'wd'))
+  assert not os.path.exists(tmp_path / 'wd') or not os.listdir(tmp_path / 'wd')
+
+
+@pytest.mark.parametrize('homo', [None, (0, 0, 1, 1, 1)])
+def test_fedhca2_over_participants_is_fedhca2_of_the_participants(homo):
+  """Two rounds of FedHCA2 on 5 clients (one decoder each) with clients 1 and 3 sitting
+  round 1 out and client 0 round 2: the participants' rows, α, β and Ũ are those of
+  FedHCA2 run on the participants alone (their α, β and Ã^(r-1) carried over); the
+  others keep their rows, α, β and momentum. With homo runs (0, 0 | 1, 1, 1): the
+  run's mean over its participants."""
+  import ml_collections
+  from fedjax_mtl.algorithms import get_algorithm, hca2
+  from fedjax_mtl.models.decoder import DECODER_LAYERS
+  n = 5
+  rng = np.random.default_rng(1)
+
+  def info(ids, m=0):
+    hg = tuple(homo[i] for i in ids) if homo else tuple(range(len(ids)))
+    return FedInfo(num_clients=len(ids), num_decoders=len(ids),
+                   decoder_client=tuple(range(len(ids))),
+                   decoder_names=tuple(f'd{i}' for i in ids),
+                   client_names=tuple(f'c{i}' for i in ids), homo_groups=hg,
+                   decoder_layers=DECODER_LAYERS, num_participants=m)
+
+  cfg = ml_collections.ConfigDict({'hca2': hca2.default_config()})
+  cfg.hca2.update({'alpha_init': 0.4, 'beta_init': 0.3, 'homo': homo is not None})
+  tree = lambda lead: {'a': rng.normal(size=(lead, 6, 3)).astype(np.float32),
+                       'b': rng.normal(size=(lead, 4)).astype(np.float32)}
+  dec = lambda lead: {f'linear_{i}': {'kernel': rng.normal(size=(lead, 3, 2)).astype(
+      np.float32)} for i in range(4)} | {
+      'fuse_conv': {'kernel': rng.normal(size=(lead, 4, 2)).astype(np.float32)},
+      'fuse_bn': {'scale': rng.normal(size=(lead, 2)).astype(np.float32)}}
+  prev = {'encoder': tree(n), 'decoder': dec(n)}
+  full = get_algorithm('hca2', info(range(n), m=3), cfg).server
+  st = full.init(prev)
+  rounds_valid = [np.array([True, False, True, False, True]),
+                  np.array([False, True, True, True, False])]
+  for rnd, valid in enumerate(rounds_valid):
+    ids = np.flatnonzero(valid)
+    upd = {r: jax.tree.map(lambda p: np.where(valid.reshape((-1,) + (1,) * (p.ndim - 1)),
+                                              0.1 * rng.normal(size=p.shape), 0.)
+                           .astype(np.float32), v) for r, v in prev.items()}
+    local = jax.tree.map(np.add, prev, upd)
+    x = lambda p, l, k, v=None: ServerInputs(
+        prev=p, local=l, num_examples=jnp.ones((k,)), num_steps=jnp.ones((k,), jnp.int32),
+        client_ids=jnp.arange(k), round=jnp.int32(rnd), row_valid=v)
+    new, st2, logs = jax.jit(full.apply)(st, x(prev, local, n, jnp.asarray(valid)))
+    # The participants' own federation, with their slice of the hyper state.
+    sub = get_algorithm('hca2', info(ids), cfg).server
+    take = lambda t: jax.tree.map(lambda a: np.asarray(a)[ids], t)
+    sub_st = sub.init(take(prev))
+    enc_sh, dec_sh = st.shared['encoder'], st.shared['decoder']
+    sub_st = sub_st._replace(shared={
+        'encoder': {'alpha': take(enc_sh['alpha']),
+                    'alpha_opt': jax.tree.map(lambda a: np.asarray(a)[ids] if np.ndim(a) else a,
+                                              enc_sh['alpha_opt']),
+                    'prev_u': enc_sh['prev_u']},
+        'decoder': {'beta': take(dec_sh['beta']),
+                    'beta_opt': jax.tree.map(lambda a: np.asarray(a)[ids] if np.ndim(a) else a,
+                                             dec_sh['beta_opt']),
+                    'prev_a': take(dec_sh['prev_a'])}})
+    want, want_st, _ = jax.jit(sub.apply)(sub_st, x(take(prev), take(local), len(ids)))
+    for r in ('encoder', 'decoder'):
+      for g, w, p in zip(jax.tree.leaves(new[r]), jax.tree.leaves(want[r]),
+                         jax.tree.leaves(prev[r])):
+        np.testing.assert_allclose(np.asarray(g)[ids], w, rtol=2e-5, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(g)[~valid], np.asarray(p)[~valid])
+    got_sh, want_sh = st2.shared, want_st.shared
+    np.testing.assert_allclose(got_sh['encoder']['alpha'][ids], want_sh['encoder']['alpha'],
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got_sh['encoder']['alpha'][~valid],
+                                  enc_sh['alpha'][~valid])
+    np.testing.assert_allclose(got_sh['decoder']['beta'][ids], want_sh['decoder']['beta'],
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got_sh['decoder']['beta'][~valid], dec_sh['beta'][~valid])
+    for g, w in zip(jax.tree.leaves(got_sh['encoder']['prev_u']),
+                    jax.tree.leaves(want_sh['encoder']['prev_u'])):
+      np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-7)
+    for g, old in zip(jax.tree.leaves(got_sh['decoder']['prev_a']),
+                      jax.tree.leaves(dec_sh['prev_a'])):
+      np.testing.assert_array_equal(np.asarray(g)[~valid], np.asarray(old)[~valid])
+    prev, st = jax.device_get(new), st2
