@@ -40,6 +40,10 @@
   edge        --only=odsf         host-side edge odsF at PASCAL size (500x375): seconds per
                                   image, the worker pool's throughput on 1..all cores and
                                   the time for 5,105 test images per edge client
+  fl          --only=wrappers     the engine's aggregation with each wrapper (quantize, dp,
+                                  sparsify, dea) around FedAvg vs FedAvg, Swin-T, N = 6
+              --only=participation  the dense round on the 4c layout (24 clients) at
+                                  participation 1, 0.5 and 0.1
   gpu         --only=gpu          MFU and per-client memory of every paper config's
                                   client step on the accelerator found (bf16)
               --only=ntk_step     NTKFedAvg's linearised step vs the plain one
@@ -57,7 +61,7 @@ import sys
 
 import jax
 
-from benchmarks import (edge, engine, feddea, gpu, many_task, models, multihost, pipeline,
+from benchmarks import (edge, engine, feddea, fl, gpu, many_task, models, multihost, pipeline,
                         replicas, rules)
 from benchmarks.common import jsonl_log
 from benchmarks.torch_compare import serve
@@ -121,6 +125,8 @@ RUNS = {
     'flower': lambda a: {'flower': multihost.bench_flower()},
     'odsf': lambda a: {'odsf': edge.bench(a)},
     'replicas': lambda a: {'replicas': replicas.bench_replicas()},
+    'wrappers': lambda a: {'wrappers': fl.bench_wrappers(a.repeats)},
+    'participation': lambda a: {'participation': fl.bench_participation(a.repeats)},
     'replica_scaling': lambda a: {'replica_scaling': replicas.bench_replica_scaling(
         tuple(int(r) for r in a.replicas.split(',')), peak_tflops=a.peak_tflops,
         log=jsonl_log(a.json))},
@@ -133,7 +139,7 @@ PARTS = ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory'
          'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine', 'memory',
          'unified_memory', 'many_memory', 'vit_lora', 'matu_server', 'matu_client', 'gpu',
          'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost', 'flower', 'odsf', 'replicas',
-         'replica_scaling')
+         'replica_scaling', 'wrappers', 'participation')
 CHOICES = (*RUNS, 'all')
 
 

@@ -138,6 +138,11 @@ ENGINE: dict[str, Field] = {
     'participation_weighting': Field('uniform', 'how a round draws its clients: uniform, or '
                                      'weighted by their training examples',
                                      choices=('uniform', 'examples')),
+    'stragglers': Field(0.0, 'chance that a participant is a straggler in a round (drawn from '
+                        '(seed, round)): it completes only straggler_steps of its local steps',
+                        unit()),
+    'straggler_steps': Field(0.5, "share of its round's local steps a straggler completes",
+                             fraction()),
     # numpy seed of the client partition (released code: 0)
     'split_seed': Field(0, 'numpy seed of the random client partition of the train sets', SEED),
     'split': Field('equal', "partition of a dataset's train images among its clients: equal "

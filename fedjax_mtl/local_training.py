@@ -472,7 +472,8 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
   params), as the engine trains them among the others. `total` (traced int32): the
   run's rounds, which the learning-rate schedule spans, as an argument instead of
   the constant `total_rounds`, so that one program serves any number of rounds.
-  `max_steps` > 0 keeps each client's first `max_steps` steps of the round
+  `frac` ([n] float32, stragglers): each client takes only the first ceil(frac·its
+  steps) steps of its round, the rest masked. `max_steps` > 0 keeps each client's first `max_steps` steps of the round
   (`max_steps_per_round`); `max_parallel` > 0 trains the clients in batches of that
   many (`map_clients`, `max_parallel_clients`).
   """
@@ -486,7 +487,8 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     cs, loss_sum, totals = scan(cs, start, tids, (idx, mask, lrs, steps), key, round_idx)
     return cs, (loss_sum / jnp.maximum(jnp.sum(mask), 1), *edge_losses(totals, mask))
 
-  def train_rows(gstate, data, round_idx, key, start, axes, rows: GroupRows, total=None):
+  def train_rows(gstate, data, round_idx, key, start, axes, rows: GroupRows, total=None,
+                 frac=None):
     total = total_rounds if total is None else total
     keys, step_keys = _client_keys(key, rows.ids)
     plan_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
@@ -495,6 +497,10 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     steps_per_epoch = idx.shape[1] // epochs
     if max_steps:
       idx, mask = idx[:, :max_steps], mask[:, :max_steps]
+    if frac is not None:  # stragglers: each client's first ceil(frac · its steps) steps
+      done = jnp.cumsum(mask.astype(jnp.int32), axis=1)
+      budget = jnp.ceil(frac * jnp.sum(mask, axis=1)).astype(jnp.int32)
+      mask = jnp.where(done <= budget[:, None], mask, jnp.zeros_like(mask))
     epoch_of_step = round_idx * epochs + jnp.arange(idx.shape[1]) // steps_per_epoch
     lrs = step_lrs(epoch_of_step, round_idx, optim_cfg, total * epochs)
     gstate = gstate.replace(opt_state=fresh_opt_state(tx, optim_cfg, gstate.opt_state,
@@ -506,17 +512,19 @@ def make_group_trainer(group: GroupSpec, model_train, tx: optax.GradientTransfor
     return gstate, {'loss': loss, 'steps': jnp.sum(mask, 1), 'first_loss': first,
                     'last_loss': last}
 
-  def train(gstate: GroupState, data, round_idx, key, start=None, total=None):
+  def train(gstate: GroupState, data, round_idx, key, start=None, total=None, frac=None):
     if start is None:
-      return train_rows(gstate, data, round_idx, key, gstate.params, 0, group_rows(group), total)
-    return train_rows(gstate, data, round_idx, key, start, start_axes, group_rows(group), total)
+      return train_rows(gstate, data, round_idx, key, gstate.params, 0, group_rows(group), total,
+                        frac)
+    return train_rows(gstate, data, round_idx, key, start, start_axes, group_rows(group), total,
+                      frac)
 
   train.rows = lambda gstate, data, round_idx, key, rows: train_rows(
       gstate, data, round_idx, key, gstate.params, 0, rows)
   # Some rows of the group (a round's participants, `rounds.sampled_bodies`): `gstate`
   # and `start` hold those rows (leaves of `start` shared by every client stay whole).
-  train.sampled = lambda gstate, data, round_idx, key, start, rows, total=None: train_rows(
-      gstate, data, round_idx, key, start, start_axes, rows, total)
+  train.sampled = lambda gstate, data, round_idx, key, start, rows, total=None, frac=None: (
+      train_rows(gstate, data, round_idx, key, start, start_axes, rows, total, frac))
   return train
 
 

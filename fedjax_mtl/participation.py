@@ -2,15 +2,23 @@
 
 `participation` is a fraction of the clients (0 < p <= 1) or a count (an integer
 >= 2); 1 is every client, every round (the default, and the engine as it was).
-A round's participants are drawn per client group (clients of one dataset and one
-number of task slots), so every group trains a fixed number of clients and its
-compiled program never changes shape: the M = ceil(p·N) (or the count) slots are
-shared among the groups by largest remainder of M·n_g/N, at least one per group
-(stratified sampling; the total can then exceed M by the number of groups that a
-quota would leave empty). Within a group the clients are drawn without
-replacement, uniformly or with probabilities proportional to their training
-examples (`participation_weighting`), from `(seed, round, group)` alone: the draw
-needs no state, so a resumed run draws the same clients.
+A round trains M = ceil(p·N) clients (or the count), drawn per client group (clients
+of one dataset and one number of task slots) so that each group's program sees only
+a few shapes: group g of n_g clients has the quota q_g = M·n_g/N and trains
+floor(q_g) or ceil(q_g) clients, the remainders given out by systematic sampling
+so that every round trains exactly M and E[slots_g] = q_g. Every client's chance to
+take part is then M/N, as under uniform sampling of M clients, and each group
+compiles at most two programs (`slot_options`), both before round 1; a group
+with no slot in a round does not train. Within a group the clients are drawn
+without replacement, uniformly or with probabilities proportional to their
+training examples (`participation_weighting`). Every draw comes from
+`(seed, round)` alone: it needs no state, so a resumed run draws the same clients.
+
+Stragglers (`stragglers`, `straggler_steps`): each round every participant is,
+with probability `stragglers` (drawn from (seed, round, group) as well), a straggler
+that completes only the first ceil(straggler_steps · its steps) local steps (the rest
+are masked, like a small client's padding steps); the server sees the steps each
+client took (`ServerInputs.num_steps`), which FedNova normalises by.
 
 What a round does with them (`rounds.py`): the participants' rows of the group
 state are gathered, trained, and written back; the others keep their parameters,
@@ -54,17 +62,31 @@ def total(value, num_clients: int) -> int:
   return int(value)
 
 
-def group_slots(group_sizes: tuple[int, ...], value) -> tuple[int, ...]:
-  """Participants per group: `total` shared by largest remainder of M·n_g/N, at
-  least one per group, at most the group's size."""
+def quotas(group_sizes: tuple[int, ...], value) -> np.ndarray:
+  """[groups] M·n_g/N: each group's expected participants a round."""
   n = sum(group_sizes)
-  m = total(value, n)
-  quota = np.asarray(group_sizes, np.float64) * m / n
-  slots = np.floor(quota).astype(int)
-  order = np.argsort(-(quota - slots), kind='stable')  # ties: the earlier group
-  for g in order[:m - int(slots.sum())]:
-    slots[g] += 1
-  return tuple(int(min(max(s, 1), size)) for s, size in zip(slots, group_sizes))
+  return np.asarray(group_sizes, np.float64) * total(value, n) / n
+
+
+def slot_options(group_sizes: tuple[int, ...], value) -> tuple[tuple[int, ...], ...]:
+  """Per group, the numbers of participants a round can give it (floor and ceil of
+  its quota; the shapes its program is compiled for, 0 left out)."""
+  q = quotas(group_sizes, value)
+  return tuple(tuple(sorted({k for k in (int(np.floor(x + 1e-9)), int(np.ceil(x - 1e-9)))
+                             if k > 0})) for x in q)
+
+
+def round_slots(group_sizes: tuple[int, ...], value, seed: int, rnd: int) -> tuple[int, ...]:
+  """Participants per group in round `rnd`: floor of each quota, plus one for the
+  groups a systematic sample over the quotas' remainders hits (exactly M in all;
+  E = the quota)."""
+  q = quotas(group_sizes, value)
+  base = np.floor(q + 1e-9).astype(int)
+  frac = np.clip(q - base, 0., 1.)
+  u = np.random.default_rng([int(seed), int(rnd), 0x51075]).random()
+  edges = np.concatenate([[0.], np.cumsum(frac)])
+  extra = [int(np.floor(hi - u) - np.floor(lo - u)) for lo, hi in zip(edges[:-1], edges[1:])]
+  return tuple(int(min(b + e, size)) for b, e, size in zip(base, extra, group_sizes))
 
 
 def sample(group_sizes: tuple[int, ...], slots: tuple[int, ...], seed: int, rnd: int,
@@ -91,8 +113,10 @@ class Sampler:
   def __init__(self, config, fed):
     self.sizes = tuple(g.num_real for g in fed.groups)
     self.partial = is_partial(config)
-    value = config.get('participation', 1.0)
-    self.slots = group_slots(self.sizes, value) if self.partial else self.sizes
+    self.value = config.get('participation', 1.0)
+    self.options = (slot_options(self.sizes, self.value) if self.partial
+                    else tuple((s,) for s in self.sizes))
+    self.total = total(self.value, sum(self.sizes)) if self.partial else sum(self.sizes)
     self.seed = int(config.seed)
     weighting = str(config.get('participation_weighting', 'uniform'))
     if weighting not in WEIGHTINGS:
@@ -101,13 +125,16 @@ class Sampler:
     self.examples = ([np.asarray([fed.clients[c].num_train for c in g.client_ids])
                       for g in fed.groups] if weighting == 'examples' else None)
     self.client_ids = [np.asarray(g.client_ids) for g in fed.groups]
+    self.stragglers = float(config.get('stragglers', 0.0))
+    self.straggler_steps = float(config.get('straggler_steps', 0.5))
     self.num_clients = fed.num_clients
 
   def rows(self, rnd: int) -> list[np.ndarray]:
     """Per group, the participating rows of round `rnd` (every row without sampling)."""
     if not self.partial:
       return [np.arange(s, dtype=np.int32) for s in self.sizes]
-    return sample(self.sizes, self.slots, self.seed, rnd, self.examples)
+    slots = round_slots(self.sizes, self.value, self.seed, rnd)
+    return sample(self.sizes, slots, self.seed, rnd, self.examples)
 
   def mask(self, rnd: int) -> np.ndarray:
     """[N] bool over the federation's clients: who takes part in round `rnd`."""
@@ -116,26 +143,46 @@ class Sampler:
       on[ids[rows]] = True
     return on
 
+  def step_fracs(self, rnd: int, rows: list[np.ndarray]) -> list[np.ndarray] | None:
+    """Per group, over the rows it trains in round `rnd` (`rows[g]`, padding rows
+    included), the share of its local steps each completes: `straggler_steps` for the
+    round's stragglers (each participant one with probability `stragglers`, drawn from
+    (seed, round, group)), 1 for the others; None without stragglers."""
+    if not self.stragglers:
+      return None
+    out = []
+    for g, r in enumerate(rows):
+      rng = np.random.default_rng([self.seed, int(rnd), g, 0x57A6])
+      late = rng.random(len(r)) < self.stragglers
+      out.append(np.where(late, self.straggler_steps, 1.0).astype(np.float32))
+    return out
+
   def rate(self) -> float:
-    """The largest inclusion probability of a client (DP's sampling rate)."""
-    return max(k / s for k, s in zip(self.slots, self.sizes))
+    """A client's chance to take part in a round (DP's sampling rate): M/N (uniform
+    draws; by examples, a client's chance varies around it)."""
+    return self.total / sum(self.sizes)
 
 
 # What runs with partial participation: bases whose server reads the participants
 # only (`rules.row_weights`: FedAvg's mean, FedNova, FedDyn's h over 1/m; FedHCA2's
-# rules over the participants, `hca2`; Local and the personal parts need nothing),
+# rules over the participants, `hca2`; FedAMP's cloud models mixing participants;
+# Local and the personal parts need nothing),
 # and wrappers that pass non-participants through.
 SUPPORTED_BASES = ('local', 'fedavg', 'fedprox', 'fedper', 'fedbabu', 'ditto', 'fedbn', 'moon',
-                   'fednova', 'feddyn', 'hca2')
+                   'fednova', 'feddyn', 'hca2', 'fedamp')
 SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify')
 
 
 def check_supported(config, num_clients: int, streamed: bool) -> None:
-  """One-line ConfigError when `config` samples clients in a way the dense engine
-  cannot run (a value out of range, streamed data, an algorithm without it)."""
+  """One-line ConfigError when `config` samples clients (or has stragglers) in a way
+  the dense engine cannot run (a value out of range, streamed data, an algorithm
+  without it)."""
   from fedjax_mtl import algorithms
   value = config.get('participation', 1.0)
   check(value, num_clients)
+  if float(config.get('stragglers', 0.0)) and (streamed or config.get('sweep')):
+    raise ConfigError(f'stragglers={config.stragglers!r} needs the in-memory feed and one '
+                      "run (no sweep); valid: stragglers=0 there")
   if not is_partial(config):
     return
   *wrappers, base = algorithms.parse(str(config.algorithm))

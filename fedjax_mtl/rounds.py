@@ -199,10 +199,11 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
 
 
 def make_train_fns(exp: Experiment) -> list:
-  """Per group: jitted `(gstate, start, data, round, rng, total) -> (gstate, metrics)`,
-  one round of local training on device-resident data (in-memory feed); `start` =
-  the group's `round_start`; `total` = `num_rounds(exp)`, an argument so that runs of
-  any length share the program.
+  """Per group: jitted `(gstate, start, data, round, rng, total[, frac]) -> (gstate,
+  metrics)`, one round of local training on device-resident data (in-memory feed);
+  `start` = the group's `round_start`; `total` = `num_rounds(exp)`, an argument so
+  that runs of any length share the program; `frac` ([rows] float32, with
+  stragglers): the share of its local steps each client completes.
 
   Each group's trainer is its own program, and so is the aggregation
   (`make_agg_fn`): a group's program is compiled once whatever the federation
@@ -228,9 +229,9 @@ def train_bodies(exp: Experiment) -> list:
   cfg = exp.config
 
   def body(g, trainer):
-    def run(gs, start, data, rnd, state_rng, total):
+    def run(gs, start, data, rnd, state_rng, total, frac=None):
       key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
-      return trainer(gs, data, rnd, key, start, total)
+      return trainer(gs, data, rnd, key, start, total, frac)
     return run
 
   return [body(g, local_training.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
@@ -270,13 +271,13 @@ def sampled_bodies(exp: Experiment) -> list:
         int(cfg.get('max_parallel_clients', 0)))
     table = local_training.group_rows(spec)
 
-    def run(gs, start, data, rnd, state_rng, total, rows, g=g, trainer=trainer, table=table,
-            n=spec.num_total):
+    def run(gs, start, data, rnd, state_rng, total, rows, frac=None, g=g, trainer=trainer,
+            table=table, n=spec.num_total):
       key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
       part, metrics = trainer.sampled(take_rows(gs, rows), data, rnd, key,
                                       take_rows(start, rows, start_axes(exp, g)),
                                       local_training.GroupRows(*take_rows(tuple(table), rows)),
-                                      total)
+                                      total, frac)
       metrics = {k: jnp.zeros((n,) + v.shape[1:], v.dtype).at[rows].set(v)
                  for k, v in metrics.items()}
       return put_rows(gs, part, rows), metrics

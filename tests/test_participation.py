@@ -28,12 +28,17 @@ N = 4
 def test_slots_share_the_rounds_clients_among_the_groups():
   assert participation.total(0.1, 24) == 3 and participation.total(1.0, 24) == 24
   assert participation.total(5, 24) == 5
-  # 4c: 20 PASCAL and 4 NYUD clients; 3 slots by largest remainder (2.5, 0.5), then one
-  # for every group.
-  assert participation.group_slots((20, 4), 0.1) == (3, 1)
-  assert participation.group_slots((20, 4), 0.5) == (10, 2)
-  assert participation.group_slots((4, 1), 0.5) == (2, 1)
-  assert participation.group_slots((4, 1), 1.0) == (4, 1)
+  # 4c: 20 PASCAL and 4 NYUD clients at 10 %: 3 a round, quotas 2.5 and 0.5: the
+  # groups get 2 or 3 and 0 or 1, 3 in all, each client 1/8 of the rounds.
+  assert participation.slot_options((20, 4), 0.1) == ((2, 3), (1,))
+  assert participation.slot_options((20, 4), 0.5) == ((10,), (2,))
+  draws = np.array([participation.round_slots((20, 4), 0.1, 0, r) for r in range(1, 2001)])
+  assert set(map(tuple, draws)) == {(3, 0), (2, 1)} and (draws.sum(1) == 3).all()
+  np.testing.assert_allclose(draws.mean(0), [2.5, 0.5], atol=4 * 0.5 / np.sqrt(2000))
+  assert participation.round_slots((4, 1), 1.0, 0, 1) == (4, 1)
+  # Quotas 2.4 and 0.6 (smoke, half of 5): (2, 1) or (3, 0), E = the quota.
+  draws = np.array([participation.round_slots((4, 1), 0.5, 0, r) for r in range(1, 2001)])
+  np.testing.assert_allclose(draws.mean(0), [2.4, 0.6], atol=4 * 0.5 / np.sqrt(2000))
   for bad in (0, -0.5, 1.5, 7, True, 'half'):
     with pytest.raises(ConfigError, match='participation=.* is out of range; valid: a fraction'):
       participation.total(bad, 6)
@@ -106,6 +111,26 @@ def test_fedavg_fednova_and_feddyn_aggregate_the_participants_only(weighting):
       want[name] = np.asarray(new['encoder']['w'])
 
 
+def test_fedamp_cloud_models_mix_the_participants_models():
+  from fedjax_mtl.algorithms import fedamp
+  rng = np.random.default_rng(3)
+  info = _info()
+  w = {'encoder': {'w': 0.3 * rng.normal(size=(N, 4, 2)).astype(np.float32)}}
+  valid = np.array([True, False, True, True])
+  server = fedamp.cloud_models(1.0, 1.0, info)
+  x = ServerInputs(prev=w, local=w, num_examples=jnp.ones(N), num_steps=jnp.ones(N, jnp.int32),
+                   client_ids=jnp.arange(N), round=jnp.int32(1), row_valid=jnp.asarray(valid))
+  _, st, _ = jax.jit(server.apply)(server.init(w), x)
+  flat = w['encoder']['w'].reshape(N, -1).astype(np.float64)
+  for i in np.flatnonzero(valid):  # PFLlib: u_i = w_i + Σ_{j∈P, j≠i} ξ_ij (w_j − w_i)
+    u = flat[i].copy()
+    for j in np.flatnonzero(valid):
+      if j != i:
+        u += np.exp(-np.sum((flat[i] - flat[j]) ** 2)) * (flat[j] - flat[i])
+    np.testing.assert_allclose(np.asarray(st.rows['encoder']['center']['w'][i]).ravel(), u,
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope='module')
 def smoke():
   """The smoke FedAvg federation (4 PASCAL single-task clients, 1 NYUD multi-task) and
@@ -121,11 +146,13 @@ def test_a_round_trains_the_participants_and_leaves_the_others(smoke):
   exp = eng.exp
   full = dense.programs(exp)
   rows = eng.sampler.rows(1)
-  assert [len(r) for r in rows] == [2, 1]
+  assert sum(len(r) for r in rows) == 3 and len(rows[0]) in (2, 3)
   data = eng.source.train
   before = jax.device_get(state)
   starts = [gs.params for gs in state.groups]
   for g, spec in enumerate(exp.fed.groups):
+    if not len(rows[g]):
+      continue
     args = (state.groups[g], starts[g], data[spec.dataset]['train'], state.round, state.rng,
             rounds.num_rounds(exp))
     part, m = full.sampled_train_fns[g](*args, eng.put_rows(rows[g]))
@@ -149,7 +176,7 @@ def test_fedavg_gives_every_client_the_participants_mean(smoke):
   # The participants' trained encoders, by the round's own trainers.
   rows = [eng.put_rows(r) for r in eng.sampler.rows(1)]
   trained = [fn(gs, gs.params, eng.source.train[spec.dataset]['train'], state.round, state.rng,
-                rounds.num_rounds(exp), r)[0].params
+                rounds.num_rounds(exp), r)[0].params if r.shape[0] else gs.params
              for fn, gs, spec, r in zip(dense.programs(exp).sampled_train_fns, state.groups,
                                         exp.fed.groups, rows)]
   want = jax.tree.map(lambda x: np.asarray(x)[mask].mean(0),
@@ -178,8 +205,9 @@ def test_fedavg_gives_every_client_the_participants_mean(smoke):
   assert [b > 0 for b in comm['up_bytes']] == mask.tolist()
 
 
-def test_resume_draws_the_same_clients_and_matches(tmp_path):
-  cfg = tiny_config('fedavg', participation=0.5, num_rounds=3)
+@pytest.mark.parametrize('algorithm', ['fedavg', 'hca2'])
+def test_resume_draws_the_same_clients_and_matches(tmp_path, algorithm):
+  cfg = tiny_config(algorithm, participation=0.5, num_rounds=3)
   full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
   part = tmp_path / 'part'
   assert train.train_and_evaluate(cfg, str(part), stop_after=1)['interrupted']
@@ -192,10 +220,12 @@ def test_resume_draws_the_same_clients_and_matches(tmp_path):
     ({'participation': 0.0}, 'participation=0.0 is out of range'),
     ({'participation': 7}, r'participation=7(\.0)? is out of range; valid: a fraction in \(0, 1\] or '
                            'a number of clients from 2 to 5'),
-    ({'participation': 0.5, 'algorithm': 'fedamp'}, "'fedamp' has no partial-participation"),
+    ({'participation': 0.5, 'algorithm': 'fedacg'}, "'fedacg' has no partial-participation"),
     ({'participation': 0.5, 'algorithm': 'momentum(fedavg)'},
      r'the momentum\(...\) wrapper has no partial-participation rule'),
     ({'participation_weighting': 'size'}, 'participation_weighting'),
+    ({'stragglers': 1.0}, 'stragglers'),
+    ({'straggler_steps': 0.0}, 'straggler_steps'),
     ({'participation': 0.5, 'algorithm': 'many'},
      "participation=0.5 is the dense engine's; the many-task setting samples"),
 ])
@@ -256,6 +286,7 @@ def test_fedhca2_over_participants_is_fedhca2_of_the_participants(homo):
         prev=p, local=l, num_examples=jnp.ones((k,)), num_steps=jnp.ones((k,), jnp.int32),
         client_ids=jnp.arange(k), round=jnp.int32(rnd), row_valid=v)
     new, st2, logs = jax.jit(full.apply)(st, x(prev, local, n, jnp.asarray(valid)))
+    assert all(np.isfinite(np.asarray(v)).all() for v in logs.values()), logs
     # The participants' own federation, with their slice of the hyper state.
     sub = get_algorithm('hca2', info(ids), cfg).server
     take = lambda t: jax.tree.map(lambda a: np.asarray(a)[ids], t)
@@ -291,3 +322,37 @@ def test_fedhca2_over_participants_is_fedhca2_of_the_participants(homo):
                       jax.tree.leaves(dec_sh['prev_a'])):
       np.testing.assert_array_equal(np.asarray(g)[~valid], np.asarray(old)[~valid])
     prev, st = jax.device_get(new), st2
+
+
+def test_stragglers_complete_their_share_of_the_local_steps(smoke):
+  eng, state = smoke
+  exp = eng.exp
+  g, spec = 0, exp.fed.groups[0]
+  args = (state.groups[g], state.groups[g].params, eng.source.train[spec.dataset]['train'],
+          state.round, state.rng, rounds.num_rounds(exp))
+  full = dense.programs(exp).train_fns[g]
+  base, m = full(*args)
+  frac = np.ones(spec.num_total, np.float32)
+  frac[1] = 0.4
+  late, m_late = full(*args, jnp.asarray(frac))
+  steps, steps_late = np.asarray(m['steps']), np.asarray(m_late['steps'])
+  assert steps_late[1] == np.ceil(0.4 * steps[1]) < steps[1]
+  np.testing.assert_array_equal(np.delete(steps_late, 1), np.delete(steps, 1))
+  for a, b in zip(jax.tree.leaves(jax.device_get(late.params)),
+                  jax.tree.leaves(jax.device_get(base.params))):
+    # (another program: XLA may fuse and round differently)
+    np.testing.assert_allclose(np.delete(a, 1, 0), np.delete(b, 1, 0), rtol=2e-5, atol=2e-6)
+  assert any(not np.array_equal(a[1], b[1]) for a, b in zip(
+      jax.tree.leaves(jax.device_get(late.params)), jax.tree.leaves(jax.device_get(base.params))))
+
+
+def test_stragglers_are_drawn_per_round_from_the_seed():
+  from conftest import override
+  cfg = override(tiny_config('fedavg'), stragglers=0.3, straggler_steps=0.25)
+  s = participation.Sampler(cfg, experiment.build(cfg).fed)
+  rows = [np.arange(40)]
+  draws = np.stack([s.step_fracs(r, rows)[0] for r in range(1, 51)])
+  assert set(np.unique(draws)) == {0.25, 1.0}
+  np.testing.assert_array_equal(draws[3], s.step_fracs(4, rows)[0])  # stateless
+  late = (draws < 1).mean()
+  assert abs(late - 0.3) < 4 * np.sqrt(0.3 * 0.7 / draws.size)

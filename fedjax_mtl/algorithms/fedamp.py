@@ -32,15 +32,19 @@ def default_config() -> ml_collections.ConfigDict:
   return CONFIG.config()
 
 
-def cloud_models(alpha_k: float, sigma: float) -> Server:
-  """Uploads stay the clients' models; per-row state 'center' becomes u."""
+def cloud_models(alpha_k: float, sigma: float, info: FedInfo | None = None) -> Server:
+  """Uploads stay the clients' models; per-row state 'center' becomes u. With partial
+  participation (`ServerInputs.row_valid`, needs `info`) u mixes the participants'
+  models, and a non-participant keeps its u (the engine keeps its per-row state)."""
   def init(views):
     return ServerState(rows={r: {'center': v} for r, v in views.items()})
 
   def apply(state, x: ServerInputs):
     rows, logs = {}, {}
     for role, local in x.local.items():
-      u, aux = fm.cloud_models(local, alpha_k, sigma)
+      valid = (None if x.row_valid is None
+               else x.row_valid[jax.numpy.asarray(info.row_client(role))])
+      u, aux = fm.cloud_models(local, alpha_k, sigma, valid)
       rows[role] = {'center': u}
       logs[f'fedamp_{role}_self_weight'] = jax.numpy.diagonal(aux['weights'])
     return dict(x.local), state._replace(rows=rows), logs
@@ -60,5 +64,5 @@ def build(info: FedInfo, config=None) -> Algorithm:
         for r in shared)
 
   return Algorithm(name='fedamp', client=Client(loss=loss),
-                   server=cloud_models(cfg.alpha_k, cfg.sigma),
+                   server=cloud_models(cfg.alpha_k, cfg.sigma, info),
                    roles={'encoder': 'shared', 'decoder': 'shared', 'head': 'personal'})

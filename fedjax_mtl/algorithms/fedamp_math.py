@@ -111,11 +111,17 @@ def _mix_off_diagonal(off: jax.Array, stacked: PyTree) -> PyTree:
 
 
 def cloud_models(
-    stacked: PyTree, alpha_k: float = 1.0, sigma: float = 1.0
+    stacked: PyTree, alpha_k: float = 1.0, sigma: float = 1.0, valid: jax.Array | None = None
 ) -> tuple[PyTree, dict[str, jax.Array]]:
-  """FedAMP cloud models u (stacked like the input) and aux {'weights': xi, 'sq_dists': D}."""
+  """FedAMP cloud models u (stacked like the input) and aux {'weights': xi, 'sq_dists': D}.
+
+  `valid` ([N] bool, partial participation): u_i mixes the participants' models only,
+  as PFLlib's server mixes the uploaded models (xi_ij = 0 unless i and j both took
+  part; a non-participant's u_i is then its own model, which the caller discards)."""
   d = pairwise_sq_dists(stacked)
   off = _off_diagonal_weights(d, alpha_k, sigma)
+  if valid is not None:
+    off = jnp.where(valid[:, None] & valid[None, :], off, 0.0)
   xi = off + jnp.diag(1.0 - jnp.sum(off, axis=1))
   # Mixed from the off-diagonal weights: the same u = xi w, without the rounded
   # xi_ii (see the module docstring).

@@ -415,7 +415,10 @@ def _attend(leaf: jax.Array, valid: jax.Array | None = None
     logits = jnp.where(valid[None, :], logits, -jnp.inf)
   attn = jax.nn.softmax(logits, axis=-1)
   out = _dot(attn, v).reshape(leaf.shape).astype(leaf.dtype)
-  entropy = -jnp.sum(attn * jnp.log(jnp.maximum(attn, 1e-38)), axis=-1)
+  # 0·log 0 = 0: a masked key's weight is exactly 0 (1e-38 is a float32 denormal,
+  # flushed to 0 on CPU, so a floor there would give 0·(−inf)).
+  entropy = -jnp.sum(jnp.where(attn > 0, attn * jnp.log(jnp.where(attn > 0, attn, 1.)), 0.),
+                     axis=-1)
   if valid is None:
     return out, attn, jnp.mean(entropy)
   return out, attn, jnp.sum(jnp.where(valid, entropy, 0.)) / jnp.maximum(jnp.sum(valid), 1)

@@ -49,6 +49,13 @@ def evaluates_linear(exp: Experiment) -> bool:
   return c.forward is linearized_forward and c.frozen_stats
 
 
+def zero_metrics(g) -> dict:
+  """A group's round metrics when none of its clients trained (host arrays)."""
+  n = g.num_total
+  return {'loss': np.zeros((n, g.num_slots), np.float32), 'steps': np.zeros((n,), np.int32),
+          'first_loss': np.zeros((n,), np.float32), 'last_loss': np.zeros((n,), np.float32)}
+
+
 def zero_accs(g, n: int) -> dict:
   """A group's training statistics, zero, for `n` of its clients (host arrays)."""
   return {'loss_sum': np.zeros((n, g.num_slots), np.float32), 'steps': np.zeros((n,), np.int32),
@@ -257,12 +264,15 @@ class DenseEngine:
       partial = self.sampler.partial
       fns = p.sampled_train_fns if partial else p.train_fns
       for g, (spec, fn) in enumerate(zip(exp.fed.groups, fns)):
-        args = (state.groups[g], start[g], self.source.train[spec.dataset]['train'],
-                state.round, state.rng, rounds.num_rounds(exp))
-        if partial:
-          args += (self.put_rows(np.arange(self.sampler.slots[g], dtype=np.int32)),)
-        jobs.append((f'train {spec.dataset} x{len(args[-1]) if partial else spec.num_real}',
-                     fn, args))
+        # A sampled group's program, for each number of participants it can get.
+        for k in (self.sampler.options[g] if partial else (spec.num_real,)):
+          args = (state.groups[g], start[g], self.source.train[spec.dataset]['train'],
+                  state.round, state.rng, rounds.num_rounds(exp))
+          if partial:
+            args += (self.put_rows(np.arange(k, dtype=np.int32)),)
+          if self.sampler.stragglers:
+            args += (self.put_rows(np.ones(k if partial else spec.num_total, np.float32)),)
+          jobs.append((f'train {spec.dataset} x{k}', fn, args))
         metrics.append(with_sharding(jax.eval_shape(fn, *args)[1], exp.client_sharding))
       valid = (self.put_rows(np.ones(exp.fed.num_clients, bool)),) if partial else ()
       jobs.append(('aggregate', p.agg_fn,
@@ -295,11 +305,15 @@ class DenseEngine:
     if self.source.streamed:
       return self._streamed_round(rounds.begin_round(self.programs.begin, state), rnd,
                                   progress)
-    if self.sampler.partial:
-      rows = [self.put_rows(r) for r in self.sampler.rows(rnd)]
-      return memory_round(self.exp, self.programs, state, self.source.train, progress,
-                          rows, self.put_rows(self.sampler.mask(rnd)))
-    return memory_round(self.exp, self.programs, state, self.source.train, progress)
+    s = self.sampler
+    if not (s.partial or s.stragglers):
+      return memory_round(self.exp, self.programs, state, self.source.train, progress)
+    rows = s.rows(rnd) if s.partial else [np.arange(g.num_total) for g in self.exp.fed.groups]
+    fracs = s.step_fracs(rnd, rows)
+    return memory_round(self.exp, self.programs, state, self.source.train, progress,
+                        [self.put_rows(r) for r in rows] if s.partial else None,
+                        self.put_rows(s.mask(rnd)) if s.partial else None,
+                        None if fracs is None else [self.put_rows(f) for f in fracs])
 
   def put_rows(self, x: np.ndarray) -> jax.Array:
     """A host array of the round's participants, replicated over the mesh."""
@@ -528,19 +542,25 @@ class DenseEngine:
 
 def memory_round(exp: Experiment, p, state: FedState, train: dict,
                  progress: Callable[[int], None] | None = None, rows: list | None = None,
-                 valid: jax.Array | None = None) -> tuple[FedState, dict]:
+                 valid: jax.Array | None = None,
+                 fracs: list | None = None) -> tuple[FedState, dict]:
   """A round on device-resident data (`train`: the source's arrays per dataset) with the
   programs `p` (`begin`, `round_start`, `train_fns`, `agg_fn`, `stats_fn`: `Programs`,
   or a sweep's with their values bound, `engines.replicas`). `rows` (per group, the
   participating rows) and `valid` ([N] bool): a round of some clients only
-  (`participation`), through `p.sampled_train_fns`."""
+  (`participation`), through `p.sampled_train_fns`; `fracs` (per group, over the rows
+  it trains): the share of their local steps stragglers complete."""
   state = rounds.begin_round(p.begin, state)
   start = rounds.round_start(p.round_start, [gs.params for gs in state.groups])
   groups, metrics = [], []
   steps = rounds.group_steps(exp)
   fns = p.train_fns if rows is None else p.sampled_train_fns
   for g, (spec, fn) in enumerate(zip(exp.fed.groups, fns)):
-    extra = () if rows is None else (rows[g],)
+    if rows is not None and rows[g].shape[0] == 0:  # no participant in this group
+      groups.append(state.groups[g])
+      metrics.append(jax.device_put(zero_metrics(spec), exp.client_sharding))
+      continue
+    extra = (() if rows is None else (rows[g],)) + (() if fracs is None else (fracs[g],))
     gs, m = fn(state.groups[g], start[g], train[spec.dataset]['train'], state.round,
                state.rng, rounds.num_rounds(exp), *extra)
     groups.append(gs)
