@@ -411,17 +411,48 @@ def _run_plan(a: argparse.Namespace, pairs: dict[str, str], plan: list[Run]) -> 
           (final_accuracy if many else report.final_metrics)(wd))
       if many:
         bits.setdefault(run.name, []).append(bits_per_task(wd))
-      else:
-        rows.setdefault(run.name, []).append(
-            report.read_jsonl(os.path.join(wd, 'metrics.jsonl')))
+      rows.setdefault(run.name, []).append(
+          report.read_jsonl(os.path.join(wd, 'metrics.jsonl')))
       seconds.setdefault(run.name, []).append(per_round / max(len(run.seeds), 1))
-  traffic = {m: [comm.totals(r) for r in rs] for m, rs in rows.items()}
+  traffic = {m: [comm.totals(r) for r in rs] for m, rs in rows.items()} if not many else {}
   md, csv_text = (many_task_table(results, a.reference, bits, seconds) if many
-                  else report.comparison_table(results, a.reference, seconds, pairs, traffic))
+                  else report.comparison_table(results, a.reference, seconds, pairs, traffic,
+                                               {m: privacy_spent(rs) for m, rs in rows.items()}))
   report.write_table(a.out, 'comparison', md, csv_text)
-  if not many:
+  if many:
+    report.plot_traffic(accuracy_curves(rows), a.out, ylabel='mean accuracy (%) ↑')
+  else:
     report.plot_traffic(traffic_curves(rows, a.reference, pairs), a.out)
   return results
+
+
+def accuracy_curves(rows: dict[str, list[list[dict]]]) -> dict[str, tuple[list, list]]:
+  """Many-task runs: method -> (cumulative MB, mean accuracy over tasks) at each round
+  every seed evaluated, both averaged over seeds."""
+  out = {}
+  for name, runs in rows.items():
+    per_seed = []
+    for r in runs:
+      acc = {}
+      for e in r:
+        if e.get('type') == 'eval' and e.get('metric') == 'accuracy':
+          acc.setdefault(e['round'], []).append(e['value'])
+      per_seed.append(({t: float(np.mean(v)) for t, v in acc.items()}, comm.cumulative_mb(r)))
+    common = sorted(set.intersection(*[set(a) & set(mb) for a, mb in per_seed]))
+    out[name] = ([float(np.mean([mb[t] for _, mb in per_seed])) for t in common],
+                 [float(np.mean([a[t] for a, _ in per_seed])) for t in common])
+  return out
+
+
+def privacy_spent(runs: list[list[dict]]) -> float | None:
+  """The largest ε a method's runs report after their last round (`dp(...)` runs'
+  agg rows), or None without DP."""
+  last = [max((r for r in rows if r.get('type') == 'agg' and 'dp_epsilon' in r),
+              key=lambda r: r['round'], default=None) for rows in runs]
+  if None in last or not last:
+    return None
+  # metrics.jsonl writes ε = ∞ (no noise) as null.
+  return max(float('inf') if r['dp_epsilon'] is None else r['dp_epsilon'] for r in last)
 
 
 def traffic_curves(rows: dict[str, list[list[dict]]], reference: str,

@@ -24,8 +24,9 @@ What a round does with them (`rounds.py`): the participants' rows of the group
 state are gathered, trained, and written back; the others keep their parameters,
 optimizer, client-part and personal-model state untouched. The server part sees
 every row and `ServerInputs.row_valid` ([N] bool) marking the participants; rules
-aggregate over the participants only (`PARTICIPATION_RULES`, README), and the
-per-row server state and client-part state of non-participants stay as they were.
+aggregate over the participants only (`SUPPORTED_BASES`, README) and decide what
+their per-row state does for the others; the client-part state of non-participants
+stays as it was.
 """
 
 from __future__ import annotations
@@ -166,11 +167,12 @@ class Sampler:
 # What runs with partial participation: bases whose server reads the participants
 # only (`rules.row_weights`: FedAvg's mean, FedNova, FedDyn's h over 1/m; FedHCA2's
 # rules over the participants, `hca2`; FedAMP's cloud models mixing participants;
-# Local and the personal parts need nothing),
+# FedSTA's shared body; FedACG's and `momentum`'s server momentum, a global quantity
+# kept per row that every row follows; Local and the personal parts need nothing),
 # and wrappers that pass non-participants through.
 SUPPORTED_BASES = ('local', 'fedavg', 'fedprox', 'fedper', 'fedbabu', 'ditto', 'fedbn', 'moon',
-                   'fednova', 'feddyn', 'hca2', 'fedamp')
-SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify')
+                   'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg')
+SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum')
 
 
 def check_supported(config, num_clients: int, streamed: bool) -> None:

@@ -176,10 +176,12 @@ def mean_std(vals, digits: int = 2) -> str:
 def comparison_table(results: dict[str, list[dict[str, float]]],
                      reference: str, seconds: dict[str, list[float]] | None = None,
                      pairs: dict[str, str] | None = None,
-                     traffic: dict[str, list[dict]] | None = None) -> tuple[str, str]:
+                     traffic: dict[str, list[dict]] | None = None,
+                     epsilons: dict[str, float | None] | None = None) -> tuple[str, str]:
   """Markdown and CSV: methods x client tasks (mean ± std over seeds), Δm, then the
   seconds per round when `seconds` (method -> per-seed values) is given, then the
-  megabytes a round and in all when `traffic` (method -> per-seed `comm.totals`) is.
+  megabytes a round and in all when `traffic` (method -> per-seed `comm.totals`) is,
+  then the privacy spent (ε at the runs' δ, '–' without DP) when `epsilons` holds one.
 
   Δm of a method is against `reference`, or against `pairs[method]` where given
   (e.g. each +DEA row against its base, as FedDEA's tables report it)."""
@@ -189,16 +191,20 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
   # Only when every run of every method has its 'comm' rows (a dense run).
   traffic = traffic if traffic and all(traffic.get(m) and None not in traffic[m]
                                        for m in results) else None
+  epsilons = epsilons if epsilons and any(v is not None for v in epsilons.values()) else None
   md = io.StringIO()
   arrows = [c + ('↓' if column_lower_is_better(c) else '↑') for c in cols]
-  extra = (' s/round |' if seconds else '') + (' MB/round | total MB |' if traffic else '')
+  extra = ((' s/round |' if seconds else '') + (' MB/round | total MB |' if traffic else '')
+           + (' ε |' if epsilons else ''))
   dm_head = 'Δm (%) ↑ (vs)' if pairs else 'Δm (%) ↑'
   md.write('| method | ' + ' | '.join(arrows) + f' | {dm_head} |' + extra + '\n')
-  md.write('|---' * (len(cols) + 2 + bool(seconds) + 2 * bool(traffic)) + '|\n')
+  md.write('|---' * (len(cols) + 2 + bool(seconds) + 2 * bool(traffic) + bool(epsilons))
+           + '|\n')
   buf = io.StringIO()
   w = csv.writer(buf)
   w.writerow(['method'] + cols + ['delta_m'] + (['seconds_per_round'] if seconds else [])
-             + (['mb_per_round', 'total_mb'] if traffic else []))
+             + (['mb_per_round', 'total_mb'] if traffic else [])
+             + (['epsilon'] if epsilons else []))
 
   for name, runs in results.items():
     per_col = [[r[c] for r in runs] for c in cols]
@@ -214,10 +220,13 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
     mb = ([float(np.mean([t['mb_per_round'] for t in traffic[name]])),
            float(np.mean([t['total_mb'] for t in traffic[name]]))] if traffic else [])
     dm_text = mean_std(dms) + (f' ({ref_name})' if pairs and ref_runs is not None else '')
+    eps = epsilons.get(name) if epsilons else None
+    eps_md = ([' – |' if eps is None else f' {eps:.3g} |'] if epsilons else [])
     md.write(f'| {name} | ' + ' | '.join(mean_std(v) for v in per_col) + f' | {dm_text} |'
-             + ''.join(sec) + ''.join(f' {v:.3f} |' for v in mb) + '\n')
+             + ''.join(sec) + ''.join(f' {v:.3f} |' for v in mb) + ''.join(eps_md) + '\n')
     w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
-               + ([float(np.median(seconds[name]))] if seconds else []) + mb)
+               + ([float(np.median(seconds[name]))] if seconds else []) + mb
+               + (['' if eps is None else eps] if epsilons else []))
   return md.getvalue(), buf.getvalue()
 
 
@@ -485,9 +494,11 @@ def delta_m_by_round(rows: list[dict], reference_rows: list[dict]) -> dict[int, 
   return out
 
 
-def traffic_figure(curves: dict[str, tuple[list[float], list[float]]]) -> Figure | None:
-  """Δm against cumulative megabytes, one line per method (`curves`: method ->
-  (cumulative MB at each evaluated round, Δm there)); None without points."""
+def traffic_figure(curves: dict[str, tuple[list[float], list[float]]],
+                   ylabel: str = 'Δm (%) ↑') -> Figure | None:
+  """Δm (or `ylabel`'s quantity) against cumulative megabytes, one line per method
+  (`curves`: method -> (cumulative MB at each evaluated round, the value there));
+  None without points."""
   curves = {m: c for m, c in curves.items() if c[0]}
   if not curves:
     return None
@@ -496,14 +507,15 @@ def traffic_figure(curves: dict[str, tuple[list[float], list[float]]]) -> Figure
   ax = fig.subplots()
   for (name, (mb, dm)), (colour, ls) in zip(curves.items(), _styles(len(curves))):
     ax.plot(mb, dm, color=colour, ls=ls, lw=1.4, marker='o', ms=3.5, label=name)
-  _plain_axes(ax, 'Δm (%) ↑', xlabel='cumulative MB sent and received (all clients)')
+  _plain_axes(ax, ylabel, xlabel='cumulative MB sent and received (all clients)')
   from matplotlib.ticker import AutoLocator
   ax.xaxis.set_major_locator(AutoLocator())  # megabytes, not whole rounds
   ax.legend(fontsize=_FONT, frameon=False, ncol=_legend_columns(len(curves), 10))
   return fig
 
 
-def plot_traffic(curves: dict, out_dir: str, stem: str = 'comparison_traffic') -> str | None:
-  """`<stem>.png`: `traffic_figure(curves)` in `out_dir`."""
-  fig = traffic_figure(curves)
+def plot_traffic(curves: dict, out_dir: str, stem: str = 'comparison_traffic',
+                 ylabel: str = 'Δm (%) ↑') -> str | None:
+  """`<stem>.png`: `traffic_figure(curves, ylabel)` in `out_dir`."""
+  fig = traffic_figure(curves, ylabel)
   return None if fig is None else _save(fig, os.path.join(out_dir, f'{stem}.png'))

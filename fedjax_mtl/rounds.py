@@ -145,8 +145,10 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
   `start` = each group's params at the round start (`round_start`'s output);
   `trained` = the group states after local training; `metrics[g]['steps']` =
   local steps per client; `valid` ([N] bool, None: every client) = the round's
-  participants: the server sees it as `ServerInputs.row_valid`, and the per-row
-  server state of the others is left as it was.
+  participants, which the server sees as `ServerInputs.row_valid` (each rule decides
+  what its per-row state does for the others: a client's own state, such as
+  `sparsify`'s residual or FedAMP's cloud model, stays; a global quantity kept per
+  row, such as server momentum, moves for every row).
   Returns the next state (round + 1) and the server's logs.
 
   A `blocks` server reads the rows where they are (the groups' arrays) and its
@@ -187,10 +189,6 @@ def server_step(exp: Experiment, state: FedState, start: list, trained: list[Gro
                                             [gs.server_rows[r] for gs in trained])
                   if jax.tree.leaves(v) else [gs.server_rows[r] for gs in trained])
               for r, v in sstate.rows.items()}
-  if valid is not None:  # the rows of clients that sat the round out keep their state
-    on = group_valid(exp, valid)
-    new_rows = {r: [keep_rows(v, gs.server_rows[r], o) for v, gs, o in zip(vs, trained, on)]
-                for r, vs in new_rows.items()}
   groups = [jax.lax.with_sharding_constraint(
       gs.replace(params=p, server_rows={r: new_rows[r][i] for r in new_rows}),
       exp.client_sharding) for i, (gs, p) in enumerate(zip(trained, params))]

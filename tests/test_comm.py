@@ -113,3 +113,42 @@ def test_the_flower_adapters_messages_carry_what_the_account_says(algorithm):
       raw, arrays = values(msg)
       assert raw == want
       assert 0 <= nodes.nbytes(msg) - raw <= 256 * arrays  # the .npy headers
+
+
+@pytest.mark.parametrize('algorithm,over,message', [
+    ('dp(fedavg)', {'dp.clip_norm': 0.0}, 'dp.clip_norm'),
+    ('dp(fedavg)', {'dp.noise_multiplier': -1.0}, 'dp.noise_multiplier'),
+    ('quantize(fedavg)', {'quantize.bits': 17}, 'quantize.bits'),
+    ('quantize(fedavg)', {'quantize.bits': 0}, 'quantize.bits'),
+    ('sparsify(fedavg)', {'sparsify.fraction': 0.0}, 'sparsify.fraction'),
+    ('dp(local)', {}, r"dp\(\) wraps a server rule, but 'local' shares no parameters"),
+])
+def test_bad_wrapper_input_is_one_error_line_and_writes_nothing(tmp_path, algorithm, over,
+                                                                 message):
+  from fedjax_mtl import train
+  from fedjax_mtl.errors import ConfigError
+  cfg = override(tiny_config(algorithm), **over)
+  wd = tmp_path / 'wd'
+  with pytest.raises(ConfigError, match=message) as err:
+    train.train_and_evaluate(cfg, str(wd))
+  assert '\n' not in str(err.value)
+  assert not wd.exists() or not any(wd.iterdir())
+
+
+@pytest.mark.parametrize('sigma', [1.0, 0.0])
+def test_a_dp_run_reports_the_privacy_spent_each_round(tmp_path, sigma):
+  from fedjax_mtl import train
+  from fedjax_mtl.algorithms import dp
+  from fedjax_mtl.report import read_jsonl
+  cfg = override(tiny_config('dp(fedavg)', num_rounds=2), **{'dp.noise_multiplier': sigma})
+  train.train_and_evaluate(cfg, str(tmp_path))
+  agg = [r for r in read_jsonl(str(tmp_path / 'metrics.jsonl')) if r['type'] == 'agg']
+  table = (tmp_path / 'results.md').read_text()
+  if sigma:
+    want = dp.epsilons(sigma, 1.0, 2, 1e-5)
+    assert [r['dp_epsilon'] for r in agg] == pytest.approx(want)
+    assert f'Privacy: (ε, δ) = ({want[-1]:.3g}, 1e-05) after 2 rounds' in table
+  else:  # no noise: no privacy (∞, null in metrics.jsonl)
+    assert [r['dp_epsilon'] for r in agg] == [None, None]
+    assert 'Privacy: (ε, δ) = (∞, 1e-05) after 2 rounds' in table
+  assert all(len(r['dp_norm']) == 5 for r in agg)

@@ -355,3 +355,23 @@ def test_traffic_columns_and_the_delta_m_against_megabytes_curve(tmp_path):
   assert md.splitlines()[3].endswith('| 1.000 | 2.000 |')
   assert csv_text.splitlines()[2].endswith(',1.0,2.0')
   assert report.plot_traffic(curves, str(tmp_path)) == str(tmp_path / 'comparison_traffic.png')
+  # A DP run's privacy spent: the last round's ε, '–' for the others.
+  dp_rows = rows['fedavg'][0] + [{'round': 2, 'type': 'agg', 'dp_epsilon': 7.5},
+                                 {'round': 1, 'type': 'agg', 'dp_epsilon': 5.0}]
+  eps = {'local': compare.privacy_spent(rows['local']),
+         'fedavg': compare.privacy_spent([dp_rows])}
+  assert eps == {'local': None, 'fedavg': 7.5}
+  md, csv_text = report.comparison_table(results, 'local', epsilons=eps)
+  assert md.splitlines()[0].endswith('| ε |') and md.splitlines()[2].endswith('| – |')
+  assert md.splitlines()[3].endswith('| 7.5 |') and csv_text.splitlines()[2].endswith(',7.5')
+
+
+def test_many_task_accuracy_against_megabytes():
+  comm_row = lambda rnd, b: {'round': rnd, 'type': 'comm', 'up_bytes': [b], 'down_bytes': [b],
+                             'up_mb': b / 1e6, 'down_mb': b / 1e6}
+  run = lambda scale: [comm_row(1, 500_000), comm_row(2, 500_000)] + many_rows(
+      {'mnist': 40. * scale, 'svhn': 60. * scale})
+  curves = compare.accuracy_curves({'fedavg': [run(1.), run(0.5)]})
+  # Evaluated at rounds 1 (half the final accuracy) and 2; 1 MB a round.
+  assert curves['fedavg'][0] == pytest.approx([1.0, 2.0])
+  assert curves['fedavg'][1] == pytest.approx([0.5 * 50 * 0.75, 50 * 0.75])

@@ -111,6 +111,34 @@ def test_fedavg_fednova_and_feddyn_aggregate_the_participants_only(weighting):
       want[name] = np.asarray(new['encoder']['w'])
 
 
+def test_server_momentum_and_fedsta_follow_the_participants():
+  """FedAvgM: m ← μm + (mean_P − θ) and θ ← θ + lr·m on every row (all rows hold the
+  global model); FedSTA's shared body is the participants' mean."""
+  from fedjax_mtl.algorithms import fedsta
+  rng = np.random.default_rng(4)
+  info = _info()
+  theta = rng.normal(size=(3, 2)).astype(np.float32)
+  prev = {'encoder': {'w': np.broadcast_to(theta, (N, 3, 2)).copy()}}
+  valid = np.array([True, True, False, True])
+  local = _round(rng, prev, valid)
+  x = ServerInputs(prev=prev, local=local, num_examples=jnp.ones(N),
+                   num_steps=jnp.ones(N, jnp.int32), client_ids=jnp.arange(N),
+                   round=jnp.int32(1), row_valid=jnp.asarray(valid))
+  mean_p = local['encoder']['w'][valid].mean(0)
+  server = rules.with_server_momentum(rules.mean('uniform', info), 0.9, 0.5)
+  st = server.init(prev)
+  m0 = rng.normal(size=(N, 3, 2)).astype(np.float32) * 0 + rng.normal(size=(3, 2)).astype(
+      np.float32)  # one (global) momentum, kept per row
+  st = st._replace(rows={'encoder': {'inner': {}, 'momentum': {'w': m0}}})
+  new, st, _ = jax.jit(server.apply)(st, x)
+  m = 0.9 * m0 + (mean_p - theta)
+  np.testing.assert_allclose(st.rows['encoder']['momentum']['w'], m, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(new['encoder']['w'], theta + 0.5 * m, rtol=1e-5, atol=1e-6)
+  body, _, _ = jax.jit(fedsta.shared_body().apply)(ServerState(), x)
+  np.testing.assert_allclose(body['encoder']['w'], np.broadcast_to(mean_p, (N, 3, 2)),
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_fedamp_cloud_models_mix_the_participants_models():
   from fedjax_mtl.algorithms import fedamp
   rng = np.random.default_rng(3)
@@ -120,7 +148,12 @@ def test_fedamp_cloud_models_mix_the_participants_models():
   server = fedamp.cloud_models(1.0, 1.0, info)
   x = ServerInputs(prev=w, local=w, num_examples=jnp.ones(N), num_steps=jnp.ones(N, jnp.int32),
                    client_ids=jnp.arange(N), round=jnp.int32(1), row_valid=jnp.asarray(valid))
-  _, st, _ = jax.jit(server.apply)(server.init(w), x)
+  st0 = server.init(w)
+  old_u = jax.tree.map(lambda v: v + 1.0, st0.rows['encoder']['center'])
+  st0 = st0._replace(rows={'encoder': {'center': old_u}})
+  _, st, _ = jax.jit(server.apply)(st0, x)
+  np.testing.assert_array_equal(st.rows['encoder']['center']['w'][~valid],
+                                old_u['w'][~valid])  # sat out: keeps its u
   flat = w['encoder']['w'].reshape(N, -1).astype(np.float64)
   for i in np.flatnonzero(valid):  # PFLlib: u_i = w_i + Σ_{j∈P, j≠i} ξ_ij (w_j − w_i)
     u = flat[i].copy()
@@ -220,9 +253,9 @@ def test_resume_draws_the_same_clients_and_matches(tmp_path, algorithm):
     ({'participation': 0.0}, 'participation=0.0 is out of range'),
     ({'participation': 7}, r'participation=7(\.0)? is out of range; valid: a fraction in \(0, 1\] or '
                            'a number of clients from 2 to 5'),
-    ({'participation': 0.5, 'algorithm': 'fedacg'}, "'fedacg' has no partial-participation"),
-    ({'participation': 0.5, 'algorithm': 'momentum(fedavg)'},
-     r'the momentum\(...\) wrapper has no partial-participation rule'),
+    ({'participation': 0.5, 'algorithm': 'fedga'}, "'fedga' has no partial-participation"),
+    ({'participation': 0.5, 'algorithm': 'grouped(fedavg)'},
+     r'the grouped\(...\) wrapper has no partial-participation rule'),
     ({'participation_weighting': 'size'}, 'participation_weighting'),
     ({'stragglers': 1.0}, 'stragglers'),
     ({'straggler_steps': 0.0}, 'straggler_steps'),

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import fields
-from fedjax_mtl.algorithms import topk
+from fedjax_mtl.algorithms import counter_rng, topk
 from fedjax_mtl.algorithms.base import (Algorithm, Blocks, FedInfo, Server, ServerInputs,
                                         ServerState, Views, block_rows, row_offsets, stack,
                                         tree_sub, unstack)
@@ -139,58 +139,49 @@ def check_bits(bits: int) -> None:
 def quantize_leaf(delta: jax.Array, uniform: jax.Array, bits: int) -> jax.Array:
   """Q(Δ) of a leaf's rows ([rows, ...], float32) given uniforms in [0, 1) of its shape.
 
-  Grid: per row, s = max |Δ| and the L = 2^bits levels s·(2j − (L−1))/(L−1),
-  j = 0..L−1 (L evenly spaced points from −s to s; the code j is what is sent).
-  With w = Δ·(L−1)/s, Δ lies between the levels of codes j0 and j0 + 1 and is
-  rounded up with probability (w − (2·j0 − (L−1)))/2, so E[Q(Δ)] = Δ; ±s are levels,
-  so each row's extreme entry is sent exactly. With 1 bit the levels are ±s. (Up to
-  float32: the uniforms come in steps of 2^-23, so the bias is below step·2^-23.)
+  Grid: per row, s = max |Δ| and the L = 2^bits levels −s + j·2s/(L−1), j = 0..L−1
+  (L evenly spaced points from −s to s; the code j is what is sent). With
+  t = (Δ + s)·(L−1)/(2s) ∈ [0, L−1] (Δ's position in steps from −s), the code is
+  ⌊t⌋ + 1[u < t − ⌊t⌋]: rounded up with probability equal to the distance from the
+  lower level, so E[Q(Δ)] = Δ; ±s are levels, so each row's extreme entry is sent
+  exactly. With 1 bit the levels are ±s. (Up to float32: the uniforms come in steps
+  of 2^-24, so the bias is below step·2^-24.)
   """
   levels = (1 << bits) - 1  # L − 1: the number of steps between −s and s
   rows = delta.shape[0]
   flat = delta.reshape(rows, -1)
   s = jnp.max(jnp.abs(flat), axis=1, keepdims=True, initial=0.)
-  per_step = jnp.where(s > 0, levels / jnp.where(s > 0, s, 1.), 0.)
-  # w in [−(L−1), L−1]: the value in half-steps around 0 (the levels are w = 2j − (L−1)).
-  # XLA turns x / s into x · (1/s), which need not give ±(L−1) at |x| = s: pinned there.
-  w = jnp.where(jnp.abs(flat) == s, jnp.sign(flat) * levels,
-                jnp.clip(flat * per_step, -levels, levels))
-  j0 = jnp.clip(jnp.floor((w + levels) * 0.5), 0, levels - 1)
-  up = uniform.reshape(rows, -1) < jnp.clip((w - (2 * j0 - levels)) * 0.5, 0., 1.)
-  code = j0 + up.astype(jnp.float32)
-  # The end codes decode to ±s exactly (a product with a rounded 1/(L−1) might not).
-  q = jnp.where(code == levels, s,
-                jnp.where(code == 0, -s, (2 * code - levels) * (s / levels)))
+  half_per = jnp.where(s > 0, 0.5 * levels / jnp.where(s > 0, s, 1.), 0.)
+  # XLA turns x / s into x · (1/s), which need not land on the ends at |x| = s:
+  # pinned there.
+  t = jnp.where(jnp.abs(flat) == s, jnp.where(flat > 0, float(levels), 0.),
+                jnp.clip((flat + s) * half_per, 0., float(levels)))
+  low = jnp.floor(t)
+  code = low + (uniform.reshape(rows, -1) < t - low).astype(jnp.float32)
+  # Code 0 decodes to −s exactly (0·x − s); the top code is pinned to s.
+  q = jnp.where(code >= levels, s, code * (2. * s / levels) - s)
   return q.reshape(delta.shape)
-
-
-def _row_uniforms(key: jax.Array, lo: int, x: jax.Array) -> jax.Array:
-  """Uniforms in [0, 1) shaped like x, row r (global index lo + r) from fold_in(key, row):
-  a row's draws do not depend on how the rows are split in parts."""
-  return jax.vmap(lambda r: jax.random.uniform(jax.random.fold_in(key, r), x.shape[1:],
-                                               jnp.float32))(jnp.arange(lo, lo + x.shape[0]))
 
 
 def quantize(rule: Server, info: FedInfo, bits: int, seed: int = 0) -> Server:
   """Stochastic uniform quantisation (QSGD-style, unbiased) of every client's update
   over any rule: per (row, leaf) one float32 scale s = max |Δ| and each entry rounded at
   random onto the 2^bits levels evenly spaced over [−s, s] (`quantize_leaf`); the base
-  rule reads prev + Q(Δ) as the upload. Randomness: fold_in(PRNGKey(seed), round),
-  then a salt, the role, the leaf's position and the row index (deterministic, equal
-  for stacked and `Blocks` views). Rows with `row_valid` False pass through.
+  rule reads prev + Q(Δ) as the upload. Randomness: one `counter_rng` hash per entry
+  of its global index under a key of (seed, round, a salt, the role, the leaf's
+  position): deterministic, equal for stacked and `Blocks` views. Rows with `row_valid` False pass through.
   Logs: `quant_rel_error` [num_clients] ‖Q(Δ) − Δ‖/‖Δ‖ over each client's whole update.
   """
   check_bits(bits)
 
   def apply(state: ServerState, x: ServerInputs):
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), x.round), _SALT)
     deltas, sent, local = {}, {}, {}
     for role in x.local:
       valid = _valid_rows(info, role, x)
-      rkey = jax.random.fold_in(key, zlib.crc32(role.encode()) & 0x7FFFFFFF)
+      tag = zlib.crc32(role.encode()) & 0x7FFFFFFF
 
-      def q(lo, i, d, rkey=rkey, valid=valid):
-        u = _row_uniforms(jax.random.fold_in(rkey, i), lo, d)
+      def q(lo, i, d, tag=tag, valid=valid):
+        u = counter_rng.uniform(counter_rng.key(seed, x.round, _SALT, tag, i), lo, d.shape)
         return _where_rows(valid, lo, quantize_leaf(d, u, bits), d)
 
       deltas[role] = tree_sub(x.local[role], x.prev[role])

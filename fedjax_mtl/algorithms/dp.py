@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_mtl import fields
+from fedjax_mtl.algorithms import counter_rng
 from fedjax_mtl.algorithms.base import (STACKABLE, Algorithm, Blocks, FedInfo, Server,
                                         ServerInputs, ServerState, Views, row_offsets)
 from fedjax_mtl.errors import ConfigError
@@ -88,8 +89,8 @@ def _privatise(prev: PyTree, local: PyTree, factor: jax.Array, std: jax.Array | 
                active: jax.Array, key: jax.Array | None) -> PyTree:
   """Per row: prev + factor·(local − prev) + std·z where `active`, else `local` bit for bit.
 
-  z ~ N(0, 1) per entry, drawn from a key per (leaf, row), so a row's noise does not
-  depend on how the rows are split into `Blocks`."""
+  z ~ N(0, 1) per entry, a `counter_rng` hash of its global index under a key per
+  leaf, so a row's noise does not depend on how the rows are split into `Blocks`."""
   new_parts = []
   for ((lo, p), (_, l)) in zip(row_offsets(prev), row_offsets(local)):
     pl, ll = jax.tree.leaves(p), jax.tree.leaves(l)
@@ -97,7 +98,6 @@ def _privatise(prev: PyTree, local: PyTree, factor: jax.Array, std: jax.Array | 
       new_parts.append(l)
       continue
     rows = ll[0].shape[0]
-    idx = jnp.arange(lo, lo + rows)
     out = []
     for i, (a, b) in enumerate(zip(pl, ll)):
       shape = (rows,) + (1,) * (b.ndim - 1)
@@ -105,9 +105,7 @@ def _privatise(prev: PyTree, local: PyTree, factor: jax.Array, std: jax.Array | 
       a32 = a.astype(jnp.float32)
       v = a32 + f * (b.astype(jnp.float32) - a32)
       if std is not None:
-        leaf_key = jax.random.fold_in(key, i)
-        z = jax.vmap(lambda r, k=leaf_key, s=b.shape[1:]: jax.random.normal(
-            jax.random.fold_in(k, r), s, jnp.float32))(idx)
+        z = counter_rng.normal(counter_rng.key(key, i), lo, b.shape)
         v = v + std[lo:lo + rows].reshape(shape) * z
       on = active[lo:lo + rows].reshape(shape)
       out.append(jnp.where(on, v.astype(b.dtype), b))
@@ -129,10 +127,10 @@ def dp(rule: Server, info: FedInfo, clip_norm: float, noise_multiplier: float,
 
   Participants: the clients whose rows hold a real upload (`ServerInputs.row_valid`,
   None: all). Every row of a non-participant passes through bit for bit, and n
-  counts participants only. The noise is drawn from
-  `fold_in(PRNGKey(seed), round)` (deterministic; folded with a stream tag of its
-  own, then a key per role, leaf and row, so the result does not depend on how the
-  rows are split into `Blocks`).
+  counts participants only. The noise comes from `counter_rng` under a key of
+  (seed, round, a stream tag of its own, the role, the leaf), one hash per entry of
+  its global index (deterministic; independent of how the rows are split into
+  `Blocks`; simulation-grade, not a cryptographic generator).
 
   Guarantees (client level: one client's whole data added or removed; ε from
   `epsilon`):
@@ -209,13 +207,13 @@ def dp(rule: Server, info: FedInfo, clip_norm: float, noise_multiplier: float,
     else:
       scale = 1.0 / jnp.sqrt(jnp.maximum(n, 1.)) if noise == 'sum' else 1.0
       std = jnp.broadcast_to(sigma * clip * scale, (n_clients,)).astype(jnp.float32)
-      key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), x.round), stream)
+      key = counter_rng.key(seed, x.round, stream)
     local = dict(x.local)
     for r in roles:
       rows_unit = unit[owners[r]]
       local[r] = _privatise(
           x.prev[r], x.local[r], factor[rows_unit], None if std is None else std[rows_unit],
-          valid[owners[r]], None if key is None else jax.random.fold_in(key, role_tag[r]))
+          valid[owners[r]], None if key is None else counter_rng.key(key, role_tag[r]))
     logs = {'dp_norm': jnp.where(takes_part, norm, 0.), 'dp_clipped': clipped.astype(jnp.float32),
             'dp_clip': jnp.asarray(clip, jnp.float32), 'dp_participants': n}
     unclipped = jnp.sum(takes_part & (norm <= clip)).astype(jnp.float32)

@@ -35,7 +35,7 @@ def default_config() -> ml_collections.ConfigDict:
 def cloud_models(alpha_k: float, sigma: float, info: FedInfo | None = None) -> Server:
   """Uploads stay the clients' models; per-row state 'center' becomes u. With partial
   participation (`ServerInputs.row_valid`, needs `info`) u mixes the participants'
-  models, and a non-participant keeps its u (the engine keeps its per-row state)."""
+  models, and a non-participant keeps its u."""
   def init(views):
     return ServerState(rows={r: {'center': v} for r, v in views.items()})
 
@@ -45,6 +45,10 @@ def cloud_models(alpha_k: float, sigma: float, info: FedInfo | None = None) -> S
       valid = (None if x.row_valid is None
                else x.row_valid[jax.numpy.asarray(info.row_client(role))])
       u, aux = fm.cloud_models(local, alpha_k, sigma, valid)
+      if valid is not None:  # a client that sat the round out keeps its u
+        old = state.rows[role]['center']
+        u = jax.tree.map(lambda a, b: jax.numpy.where(
+            valid.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), u, old)
       rows[role] = {'center': u}
       logs[f'fedamp_{role}_self_weight'] = jax.numpy.diagonal(aux['weights'])
     return dict(x.local), state._replace(rows=rows), logs

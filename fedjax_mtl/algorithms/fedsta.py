@@ -40,11 +40,13 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def shared_body() -> Server:
-  """Every client's encoder becomes the one shared body (uniform mean)."""
+  """Every client's encoder becomes the one shared body (uniform mean; over the
+  round's participants under partial participation, `ServerInputs.row_valid`)."""
   def apply(state, x: ServerInputs):
     out = {}
+    w = None if x.row_valid is None else x.row_valid.astype(jnp.float32)
     for role in x.local:
-      out[role], _ = fedsta_math.aggregate(x.prev[role], x.local[role])
+      out[role], _ = fedsta_math.aggregate(x.prev[role], x.local[role], client_weights=w)
     return out, state, {}
 
   return Server(init=lambda views: ServerState(), apply=apply)

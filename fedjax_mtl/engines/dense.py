@@ -533,7 +533,9 @@ class DenseEngine:
     spent = [r for r in rows if r.get('type') == 'agg' and 'dp_epsilon' in r]
     if spent:
       cfg = dp.DP.of(self.config)
-      md += (f"\nPrivacy: (ε, δ) = ({spent[-1]['dp_epsilon']:.3g}, {spent[-1]['dp_delta']:g}) "
+      eps = spent[-1]['dp_epsilon']  # JSON null: ∞ (no noise)
+      eps = '∞' if eps is None or not np.isfinite(eps) else f'{eps:.3g}'
+      md += (f"\nPrivacy: (ε, δ) = ({eps}, {spent[-1]['dp_delta']:g}) "
              f"after {spent[-1]['round']} rounds (client level; σ = {cfg.noise_multiplier:g}, "
              f"C = {cfg.clip_norm:g}, noise '{cfg.noise}'; RDP accountant).\n")
     report.atomic_write(os.path.join(workdir, 'results.md'), md)
