@@ -169,6 +169,8 @@ def _ntk_plain():
     (lambda: _ntk_tuned(), r'ntkfedavg.tune_alpha is not supported by the Flower adapter'),
     (lambda: override(many_config('fedavg'), algorithm='hca2'),
      r"'hca2' does not run in the many-task setting"),
+    (lambda: tiny_config('fedavg', participation=0.5),
+     r'the Flower adapter trains every client each round with all its steps'),
 ])
 def test_what_the_adapter_cannot_run_is_refused_before_ray_starts(make, message):
   with pytest.raises(ConfigError, match=message):

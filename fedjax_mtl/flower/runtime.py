@@ -82,14 +82,19 @@ def build_many_task(config):
 
 
 def check_supported(exp: experiment.Experiment) -> None:
-  """ConfigError naming what the adapter cannot run in the dense setting: device
-  augmentation of real data, a client part that starts from a server-defined
+  """ConfigError naming what the adapter cannot run in the dense setting: partial
+  participation and stragglers, device augmentation of real data, a client part
+  that starts from a server-defined
   lookahead (`Client.begin`), and server-side averaging of batch-norm running
   statistics (`Algorithm.average_stats`).
 
   Per-row server state (`ServerState.rows`, e.g. FedDyn's, SCAFFOLD-like terms) is
   supported: the server keeps it and sends each client its rows with its params."""
   alg, cfg = exp.algorithm, exp.config
+  if float(cfg.get('participation', 1.0)) != 1.0 or float(cfg.get('stragglers', 0.0)):
+    raise ConfigError('the Flower adapter trains every client each round with all its steps: '
+                      'participation=1 and stragglers=0 (the engine samples clients and '
+                      'stragglers; Flower deployments choose their own nodes)')
   if exp.streamed and cfg.data.get('augment', 'host') != 'host':
     raise ConfigError("the Flower adapter takes data.augment='host': device augmentation "
                       "sizes its canvases by every client's images, which a client does "
