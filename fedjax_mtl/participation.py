@@ -20,9 +20,12 @@ that completes only the first ceil(straggler_steps · its steps) local steps (th
 are masked, like a small client's padding steps); the server sees the steps each
 client took (`ServerInputs.num_steps`), which FedNova normalises by.
 
-What a round does with them (`rounds.py`): the participants' rows of the group
-state are gathered, trained, and written back; the others keep their parameters,
-optimizer, client-part and personal-model state untouched. The server part sees
+What a round does with them (`rounds.py`): in memory, the participants' rows of the
+group state are gathered, trained, and written back; the others keep their
+parameters, optimizer, client-part and personal-model state untouched. Streamed
+(`real.TrainChunks`), the feed reads only the participants' images and masks every
+step of the others (and a straggler's steps past its share): the same arithmetic,
+without the in-memory path's saving of device time. The server part sees
 every row and `ServerInputs.row_valid` ([N] bool) marking the participants; rules
 aggregate over the participants only (`SUPPORTED_BASES`, README) and decide what
 their per-row state does for the others; the client-part state of non-participants
@@ -158,6 +161,24 @@ class Sampler:
       out.append(np.where(late, self.straggler_steps, 1.0).astype(np.float32))
     return out
 
+  @property
+  def active(self) -> bool:
+    """Whether rounds differ from every client training all its steps."""
+    return self.partial or bool(self.stragglers)
+
+  def step_shares(self, rnd: int) -> list[np.ndarray]:
+    """Per group, over its real clients: the share of its local steps each takes in
+    round `rnd`: 0 if it sits the round out, `straggler_steps` for a straggler, else 1
+    (the streamed feed masks steps by it, `real.TrainChunks`)."""
+    rows = self.rows(rnd)
+    fracs = self.step_fracs(rnd, rows)
+    out = []
+    for g, (size, r) in enumerate(zip(self.sizes, rows)):
+      share = np.zeros(size, np.float32)
+      share[r] = 1.0 if fracs is None else fracs[g]
+      out.append(share)
+    return out
+
   def rate(self) -> float:
     """A client's chance to take part in a round (DP's sampling rate): M/N (uniform
     draws; by examples, a client's chance varies around it)."""
@@ -175,16 +196,16 @@ SUPPORTED_BASES = ('local', 'fedavg', 'fedprox', 'fedper', 'fedbabu', 'ditto', '
 SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum')
 
 
-def check_supported(config, num_clients: int, streamed: bool) -> None:
+def check_supported(config, num_clients: int) -> None:
   """One-line ConfigError when `config` samples clients (or has stragglers) in a way
-  the dense engine cannot run (a value out of range, streamed data, an algorithm
-  without it)."""
+  the dense engine cannot run (a value out of range, an algorithm without it, a
+  sweep)."""
   from fedjax_mtl import algorithms
   value = config.get('participation', 1.0)
   check(value, num_clients)
-  if float(config.get('stragglers', 0.0)) and (streamed or config.get('sweep')):
-    raise ConfigError(f'stragglers={config.stragglers!r} needs the in-memory feed and one '
-                      "run (no sweep); valid: stragglers=0 there")
+  if float(config.get('stragglers', 0.0)) and config.get('sweep'):
+    raise ConfigError(f'stragglers={config.stragglers!r} does not run in a sweep yet; run '
+                      "each point on its own (sweep='')")
   if not is_partial(config):
     return
   *wrappers, base = algorithms.parse(str(config.algorithm))
@@ -196,9 +217,6 @@ def check_supported(config, num_clients: int, streamed: bool) -> None:
     raise ConfigError(f'participation={value!r}: the {bad[0]}(...) wrapper has no '
                       'partial-participation rule yet; valid wrappers: '
                       + ', '.join(SUPPORTED_WRAPPERS))
-  if streamed:
-    raise ConfigError(f'participation={value!r} needs the in-memory feed; streamed (real) '
-                      'data trains every client each round (participation=1)')
   if config.get('sweep'):
     raise ConfigError(f'participation={value!r} does not run in a sweep yet; run each '
                       "point on its own (sweep='')")

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from fedjax_mtl import data, distributed, evaluation, hostmem
+from fedjax_mtl import data, distributed, evaluation, hostmem, participation
 from fedjax_mtl import tasks as tasks_lib
 from fedjax_mtl.errors import check_choice
 from fedjax_mtl.experiment import Experiment, per_experiment
@@ -158,8 +158,11 @@ def streamed_sources(exp: Experiment) -> tuple[real.TrainChunks, dict]:
   sources = [[real.client_source(cfg, fed.clients[c]) for c in g.client_ids] for g in fed.groups]
   # A multi-process run reads only the clients on this process's devices.
   rows = [distributed.local_rows(exp.client_sharding, g.num_total) for g in fed.groups]
+  # Partial participation and stragglers: the clients' share of each round's steps.
+  sampler = participation.Sampler(cfg, fed)
   chunks = real.TrainChunks(specs, sources, cfg.num_rounds, sizes(exp), int(cfg.data.seed),
-                            train_transforms(exp), rows=rows)
+                            train_transforms(exp), rows=rows,
+                            step_shares=sampler.step_shares if sampler.active else None)
   eval_batches = {}
   for d in sorted({g.dataset for g in fed.groups}):
     keys = tuple(t for t in tasks_lib.DATASETS[d].tasks
@@ -174,7 +177,7 @@ def device_chunks(exp: Experiment) -> real.TrainChunks:
   from fedjax_mtl.data import real
   c = streamed_sources(exp)[0]
   return real.TrainChunks(c.specs, c.sources, c.num_rounds, c.size_of, c.seed, c.transforms_of,
-                          augment='device', rows=c.rows)
+                          augment='device', rows=c.rows, step_shares=c.step_shares)
 
 
 def sizes(exp: Experiment) -> dict[str, tuple[int, int]]:

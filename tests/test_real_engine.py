@@ -395,3 +395,35 @@ def test_max_steps_per_round_caps_the_streamed_round(data_dir):
     assert el['mask'].shape[1] == 1
     assert el['mask'][:exp.fed.groups[g].num_real].all()
   assert rounds_lib.group_steps(exp) == [1] * len(specs)
+
+
+def test_participation_and_stragglers_on_the_streamed_feed(data_dir, tmp_path):
+  """The streamed feed masks what the in-memory trainers skip: a client that sits a
+  round out has no real step (nothing of it is read), a straggler its first
+  ⌈share · steps⌉ real steps; a one-round run leaves every part of the clients that
+  sat out as it was (FedHCA2 keeps their rows)."""
+  from fedjax_mtl import participation
+  cfg = real_config(data_dir, participation=0.5, stragglers=0.5, straggler_steps=0.5,
+                    num_rounds=1)
+  exp = experiment.build(cfg)
+  chunks = sources.make_source(exp).train_chunks
+  plain = real.TrainChunks(chunks.specs, chunks.sources, 1, chunks.size_of, chunks.seed,
+                           chunks.transforms_of)
+  shares = participation.Sampler(cfg, exp.fed).step_shares(1)
+  assert any((s == 0).any() for s in shares) and any((s == 0.5).any() for s in shares)
+  for g, spec in enumerate(chunks.specs):
+    idx = [i for i in range(chunks.per_round) if chunks.table[i][1] == g]
+    got = np.concatenate([chunks[i]['mask'] for i in idx], axis=1)
+    full = np.concatenate([plain[i]['mask'] for i in idx], axis=1)
+    for j in range(len(spec.client_ids)):
+      keep = int(np.ceil(shares[g][j] * full[j].sum()))
+      want = full[j] & (np.cumsum(full[j]) <= keep)  # its first `keep` real steps
+      np.testing.assert_array_equal(got[j], want)
+  init = jax.device_get(experiment.init_state(exp))
+  state = train.train_and_evaluate(cfg, str(tmp_path))['state']
+  off = ~participation.Sampler(cfg, exp.fed).mask(1)
+  for g, spec in enumerate(exp.fed.groups):
+    rows = np.flatnonzero(off[np.asarray(spec.client_ids)])
+    for a, b in zip(jax.tree.leaves(jax.device_get(state.groups[g].params)),
+                    jax.tree.leaves(init.groups[g].params)):
+      np.testing.assert_array_equal(np.asarray(a)[rows], np.asarray(b)[rows])

@@ -226,19 +226,26 @@ class TrainChunks:
   `rows` (one slice per group, default all): the rows of each group's client axis
   (padding included) that this process feeds; a multi-process run reads only its own
   devices' clients (`distributed.local_rows`), and 'n' above is the slice's length.
+
+  `step_shares(round) -> [group][row]` (1-based round; default every client all its
+  steps): the share of its real steps each client takes in that round, 0 for a
+  client that sits it out (`participation.Sampler.step_shares`: nothing of its is
+  read, its steps are masked), in (0, 1) for a straggler (its first ⌈share·steps⌉
+  real steps, the rest masked), as the in-memory trainers do.
   """
 
   def __init__(self, specs: Sequence[GroupFeedSpec], sources: Sequence[Sequence[Any]],
                num_rounds: int, size_of: dict[str, tuple[int, int]], seed: int,
                transforms_of: dict[str, list], augment: str = 'host',
                raw_size_of: dict[str, tuple[int, int]] | None = None,
-               rows: Sequence[slice] | None = None):
+               rows: Sequence[slice] | None = None, step_shares=None):
     check_choice('data.augment', augment, AUGMENT_MODES)
     self.specs, self.sources = tuple(specs), [list(s) for s in sources]
     self.rows = (tuple(rows) if rows is not None
                  else tuple(slice(0, s.num_total) for s in self.specs))
     self.size_of, self.seed, self.transforms_of = dict(size_of), int(seed), transforms_of
     self.num_rounds, self.augment = int(num_rounds), augment
+    self.step_shares = step_shares
     self._engine_ts = {d: engine_transforms(ts) for d, ts in transforms_of.items()}
     if augment == 'device' and raw_size_of is None:
       raw_size_of = {d: max_image_size([src for group, spec in zip(self.sources, self.specs)
@@ -286,15 +293,24 @@ class TrainChunks:
     s_per = spec.steps_per_epoch
     epoch = rnd * spec.epochs + np.minimum(steps // s_per, spec.epochs - 1)
     ts = self._engine_ts[spec.dataset]
+    shares = None if self.step_shares is None else self.step_shares(rnd + 1)[g]
     for j, (cid, count) in enumerate(zip(spec.client_ids, spec.counts)):
       if not rows.start <= j < rows.stop:
         continue  # another process's client
       r = j - rows.start  # its row in this process's chunk
+      per_epoch = count // b  # its real steps in an epoch
+      budget = None
+      if shares is not None:
+        real_steps = sum(min(per_epoch, max(0, spec.num_steps - e * s_per))
+                         for e in range(spec.epochs))
+        budget = int(np.ceil(shares[j] * real_steps - 1e-9))
       orders = {}  # local epoch -> this client's order, drawn once per element
       for k, t in enumerate(steps):
         e, s = divmod(int(t), s_per)
-        if t >= spec.num_steps or s >= count // b:
+        if t >= spec.num_steps or s >= per_epoch:
           continue
+        if budget is not None and e * per_epoch + s >= budget:
+          continue  # past a straggler's share; all of a client that sits out
         ep = rnd * spec.epochs + e
         if ep not in orders:
           orders[ep] = self._order(cid, count, ep)

@@ -212,7 +212,7 @@ class DenseEngine:
     self.label = f'{config.algorithm} {self.exp.fed.num_clients} clients'
     self.steps_per_round = sum(rounds.group_steps(self.exp))
     self.linear = evaluates_linear(self.exp)  # also evaluates the linearised models
-    participation.check_supported(config, self.exp.fed.num_clients, self.exp.streamed)
+    participation.check_supported(config, self.exp.fed.num_clients)
     self.sampler = participation.Sampler(config, self.exp.fed)
     # Every eval record of a unified-model run carries its A1 decision.
     mode = unified_mode(config)
@@ -282,8 +282,10 @@ class DenseEngine:
       if jax.process_count() > 1:
         metrics = [with_sharding(zero_accs(g, g.num_total), exp.client_sharding)
                    for g in exp.fed.groups]
+        valid = ((self.put_rows(np.ones(exp.fed.num_clients, bool)),)
+                 if self.sampler.partial else ())
         jobs.append(('aggregate', p.agg_fn_streamed,
-                     (rounds.agg_core(state), params, start, metrics)))
+                     (rounds.agg_core(state), params, start, metrics, *valid)))
       for d, batches in self.source.eval_batches.items():
         batch = with_sharding(jax.eval_shape(lambda b=batches: b[0]), exp.replicated)
         accs = jax.eval_shape(p.eval_batch_fns[d], state.groups, batch, None)[0]
@@ -340,8 +342,9 @@ class DenseEngine:
         progress(min(spec.chunk_steps, spec.num_steps - done[g]))
         done[g] += spec.chunk_steps
     distributed.barrier(f'round {rnd} aggregation')  # every process dispatched its chunks
+    valid = (self.put_rows(self.sampler.mask(rnd)) if self.sampler.partial else None)
     return rounds.aggregate(p.agg_fn_streamed, state.replace(groups=groups), start, accs,
-                            p.stats_fn)
+                            p.stats_fn, valid)
 
   def divergence(self, rnd: int, out: dict) -> str | None:
     """One line naming what went non-finite in round `rnd` (`out`: the round's host
