@@ -197,15 +197,12 @@ SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum')
 
 
 def check_supported(config, num_clients: int) -> None:
-  """One-line ConfigError when `config` samples clients (or has stragglers) in a way
-  the dense engine cannot run (a value out of range, an algorithm without it, a
-  sweep)."""
+  """One-line ConfigError when `config` samples clients in a way the dense engine
+  cannot run (a value out of range, an algorithm without it; a sweep is refused by
+  `sweep.check`)."""
   from fedjax_mtl import algorithms
   value = config.get('participation', 1.0)
   check(value, num_clients)
-  if float(config.get('stragglers', 0.0)) and config.get('sweep'):
-    raise ConfigError(f'stragglers={config.stragglers!r} does not run in a sweep yet; run '
-                      "each point on its own (sweep='')")
   if not is_partial(config):
     return
   *wrappers, base = algorithms.parse(str(config.algorithm))
@@ -217,6 +214,3 @@ def check_supported(config, num_clients: int) -> None:
     raise ConfigError(f'participation={value!r}: the {bad[0]}(...) wrapper has no '
                       'partial-participation rule yet; valid wrappers: '
                       + ', '.join(SUPPORTED_WRAPPERS))
-  if config.get('sweep'):
-    raise ConfigError(f'participation={value!r} does not run in a sweep yet; run each '
-                      "point on its own (sweep='')")

@@ -80,6 +80,11 @@ def test_settings_a_sweep_cannot_hold_are_refused():
   c.data.source = 'real'
   with pytest.raises(ConfigError, match="in-memory synthetic data"):
     validate.check_config(c)
+  for field, value in (('participation', 0.5), ('stragglers', 0.3)):
+    c = sweep_config()
+    c[field] = value
+    with pytest.raises(ConfigError, match='participation=1 and stragglers=0'):
+      validate.check_config(c)
 
 
 # Every traced field, by the algorithm and the program that read it.
