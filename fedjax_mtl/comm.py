@@ -83,14 +83,13 @@ def upload_bits(sizes: Sizes, algorithm: str, config) -> np.ndarray:
   for name in algorithms.parse(algorithm)[:-1]:  # wrappers, outermost first
     frac = (algorithms.DEA.of(config).rho if name == 'dea'
             else compress.SPARSIFY.of(config).fraction if name == 'sparsify' else 1)
-    if frac < 1:  # k values and their positions (`compress.sparsify_payload`)
-      k = np.where(values > 0, np.maximum(np.floor(frac * values).astype(np.int64), 1), 0)
-      positions = positions + compress.sparsify_payload(values, frac, 0)
+    if frac < 1:  # k values and their positions
+      k = compress.kept_count(values, frac)
+      positions = positions + compress.position_bits(values, k)
       values = k
-    if name == 'quantize':
-      bits = int(compress.QUANTIZE.of(config).bits)
-      scales = scales + compress.quantize_payload(0 * values, sizes.tensors, bits)
-      value_bits = np.full_like(values, bits)
+    if name == 'quantize':  # `bits` a value, and a float32 scale per tensor
+      scales = scales + compress.SCALE_BITS * sizes.tensors
+      value_bits = np.full_like(values, int(compress.QUANTIZE.of(config).bits))
   return values * value_bits + positions + scales
 
 
@@ -98,6 +97,14 @@ def download_bits(sizes: Sizes) -> np.ndarray:
   """[N] bits each client downloads in a round it takes part in: its shared rows at
   full width."""
   return sizes.entries * sizes.value_bits
+
+
+def comm_row(rnd: int, up, down) -> dict:
+  """The metrics.jsonl 'comm' row of round `rnd` from each client's bytes up and down
+  (the engines' accounts and the Flower strategy's real messages alike)."""
+  up, down = np.asarray(up, np.int64), np.asarray(down, np.int64)
+  return {'round': rnd, 'type': 'comm', 'up_bytes': up.tolist(), 'down_bytes': down.tolist(),
+          'up_mb': float(up.sum()) / 1e6, 'down_mb': float(down.sum()) / 1e6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +116,7 @@ class Account:
   def row(self, rnd: int, participants: np.ndarray | None = None) -> dict:
     """The round's metrics.jsonl row: bytes per client (0 for clients that sat out)."""
     on = np.ones(len(self.up), bool) if participants is None else np.asarray(participants, bool)
-    up, down = np.where(on, self.up, 0), np.where(on, self.down, 0)
-    return {'round': rnd, 'type': 'comm', 'up_bytes': up.tolist(), 'down_bytes': down.tolist(),
-            'up_mb': float(up.sum()) / 1e6, 'down_mb': float(down.sum()) / 1e6}
+    return comm_row(rnd, np.where(on, self.up, 0), np.where(on, self.down, 0))
 
 
 def account(exp, config=None) -> Account:

@@ -438,10 +438,16 @@ def accuracy_curves(rows: dict[str, list[list[dict]]]) -> dict[str, tuple[list, 
         if e.get('type') == 'eval' and e.get('metric') == 'accuracy':
           acc.setdefault(e['round'], []).append(e['value'])
       per_seed.append(({t: float(np.mean(v)) for t, v in acc.items()}, comm.cumulative_mb(r)))
-    common = sorted(set.intersection(*[set(a) & set(mb) for a, mb in per_seed]))
-    out[name] = ([float(np.mean([mb[t] for _, mb in per_seed])) for t in common],
-                 [float(np.mean([a[t] for a, _ in per_seed])) for t in common])
+    out[name] = _seed_mean_curve(per_seed)
   return out
+
+
+def _seed_mean_curve(per_seed: list[tuple[dict, dict]]) -> tuple[list, list]:
+  """(cumulative MB, value) at the rounds where every seed has both (per seed:
+  ({round: value}, {round: MB})), each averaged over the seeds."""
+  common = sorted(set.intersection(*[set(v) & set(mb) for v, mb in per_seed]))
+  return ([float(np.mean([mb[t] for _, mb in per_seed])) for t in common],
+          [float(np.mean([v[t] for v, _ in per_seed])) for t in common])
 
 
 def privacy_spent(runs: list[list[dict]]) -> float | None:
@@ -465,11 +471,8 @@ def traffic_curves(rows: dict[str, list[list[dict]]], reference: str,
     ref_runs = rows.get((pairs or {}).get(name, reference))
     if ref_runs is None or any(comm.totals(r) is None for r in runs):
       continue
-    per_seed = [(report.delta_m_by_round(r, ref), comm.cumulative_mb(r))
-                for r, ref in zip(runs, ref_runs)]
-    common = sorted(set.intersection(*[set(dm) & set(mb) for dm, mb in per_seed]))
-    out[name] = ([float(np.mean([mb[t] for _, mb in per_seed])) for t in common],
-                 [float(np.mean([dm[t] for dm, _ in per_seed])) for t in common])
+    out[name] = _seed_mean_curve([(report.delta_m_by_round(r, ref), comm.cumulative_mb(r))
+                                  for r, ref in zip(runs, ref_runs)])
   return out
 
 

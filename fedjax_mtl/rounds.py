@@ -131,12 +131,6 @@ def group_valid(exp: Experiment, valid: jax.Array) -> list[jax.Array]:
           for g in exp.fed.groups]
 
 
-def keep_rows(new: PyTree, old: PyTree, on: jax.Array) -> PyTree:
-  """`new` on the rows where `on` ([rows] bool), `old` elsewhere."""
-  return jax.tree.map(lambda a, b: jnp.where(on.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
-                      new, old)
-
-
 def server_step(exp: Experiment, state: FedState, start: list, trained: list[GroupState],
                 uploads: list, metrics: list, valid: jax.Array | None = None
                 ) -> tuple[FedState, dict]:
@@ -390,7 +384,7 @@ def agg_body(exp: Experiment, streamed: bool = False):
               for p, c in zip(params, core.groups)]
     trained, uploads = finalize(exp, groups, start)
     if valid is not None:
-      trained = [t.replace(client=keep_rows(t.client, gs.client, on))
+      trained = [t.replace(client=rows_lib.keep_rows(t.client, gs.client, on))
                  for t, gs, on in zip(trained, groups, group_valid(exp, valid))]
     new_state, logs = server_step(exp, core.replace(groups=groups), start, trained, uploads,
                                   metrics, valid)

@@ -34,7 +34,8 @@ import ml_collections
 
 # Rows of stacked pytrees are part of the algorithm API (rules import them from here).
 from fedjax_mtl.algorithms.rows import (Blocks, block_rows, deviation_gram,  # noqa: F401
-                                        num_rows, row_offsets, stack, unstack)
+                                        keep_rows, num_rows, row_offsets, stack, unstack,
+                                        where_rows)
 
 PyTree = Any
 Views = dict  # role -> stacked pytree [rows, ...]

@@ -32,7 +32,7 @@ from fedjax_mtl import fields
 from fedjax_mtl.algorithms import counter_rng, topk
 from fedjax_mtl.algorithms.base import (Algorithm, Blocks, FedInfo, Server, ServerInputs,
                                         ServerState, Views, block_rows, row_offsets, stack,
-                                        tree_sub, unstack)
+                                        tree_sub, unstack, where_rows)
 
 PyTree = Any
 
@@ -87,10 +87,7 @@ def _valid_rows(info: FedInfo, role: str, x: ServerInputs) -> jax.Array | None:
 
 def _where_rows(valid: jax.Array | None, lo: int, a: jax.Array, b: jax.Array) -> jax.Array:
   """a on the part's valid rows (from row `lo`), b on the others."""
-  if valid is None:
-    return a
-  v = valid[lo:lo + a.shape[0]].reshape((-1,) + (1,) * (a.ndim - 1))
-  return jnp.where(v, a, b)
+  return a if valid is None else where_rows(valid[lo:lo + a.shape[0]], a, b)
 
 
 def _client_sums(info: FedInfo, fn: Callable, *trees: Views) -> jax.Array:
@@ -201,8 +198,7 @@ def quantize_payload(values: np.ndarray, leaf_rows: np.ndarray, bits: int) -> np
   float32 scale s; `values` = shared entries per client, `leaf_rows` = its (row, leaf)
   tensors (int64 array like `values`)."""
   check_bits(bits)
-  values = np.asarray(values, np.int64)
-  return values * bits + SCALE_BITS * np.asarray(leaf_rows, np.int64)
+  return np.asarray(values, np.int64) * bits + SCALE_BITS * np.asarray(leaf_rows, np.int64)
 
 
 # ----------------------------------------------------------------------------
@@ -307,19 +303,32 @@ def sparsify(rule: Server, info: FedInfo, fraction: float) -> Server:
   return Server(init=init, apply=apply, blocks=rule.blocks)
 
 
-def sparsify_payload(values: np.ndarray, fraction: float, value_bits: int = 32) -> np.ndarray:
-  """Bits each client sends under `sparsify`, for `values` (= d) shared entries per
-  client: k = max(⌊fraction·d⌋, 1) values of `value_bits` each plus their positions,
-  whichever is smaller of a d-bit bitmap and k 32-bit indices: k·value_bits +
-  min(d, 32·k). Assumes exactly k entries sent (ties at the threshold, which the mask
-  keeps too, are not counted); fraction = 1 sends the dense update, d·value_bits (no
-  positions); d = 0 sends nothing."""
-  check_fraction(fraction)
+def kept_count(values: np.ndarray, fraction: float) -> np.ndarray:
+  """Entries a client sends of its `values` (= d) under a top-`fraction` selection:
+  k = max(⌊fraction·d⌋, 1), 0 for d = 0, d for fraction = 1 (`sparsify`, FedDEA's ρ)."""
   d = np.asarray(values, np.int64)
   if fraction == 1:
-    return d * value_bits
-  k = np.where(d > 0, np.maximum(np.floor(fraction * d).astype(np.int64), 1), 0)
-  return k * value_bits + np.minimum(d, INDEX_BITS * k)
+    return d
+  return np.where(d > 0, np.maximum(np.floor(fraction * d).astype(np.int64), 1), 0)
+
+
+def position_bits(values: np.ndarray, kept: np.ndarray) -> np.ndarray:
+  """Bits of the positions of `kept` of `values` entries: the smaller of a d-bit bitmap
+  and `kept` 32-bit indices."""
+  return np.minimum(np.asarray(values, np.int64), INDEX_BITS * np.asarray(kept, np.int64))
+
+
+def sparsify_payload(values: np.ndarray, fraction: float, value_bits: int = 32) -> np.ndarray:
+  """Bits each client sends under `sparsify`, for `values` (= d) shared entries per
+  client: k = `kept_count` values of `value_bits` each plus their `position_bits`:
+  k·value_bits + min(d, 32·k). Assumes exactly k entries sent (ties at the threshold,
+  which the mask keeps too, are not counted); fraction = 1 sends the dense update,
+  d·value_bits (no positions); d = 0 sends nothing."""
+  check_fraction(fraction)
+  k = kept_count(values, fraction)
+  if fraction == 1:
+    return k * value_bits
+  return k * value_bits + position_bits(values, k)
 
 
 # ----------------------------------------------------------------------------

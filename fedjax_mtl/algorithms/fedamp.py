@@ -19,7 +19,8 @@ import ml_collections
 from fedjax_mtl import fields
 from fedjax_mtl.algorithms import fedamp_math as fm
 from fedjax_mtl.algorithms.base import (Algorithm, Client, ClientCtx, FedInfo, Server,
-                                        ServerInputs, ServerState, role_view, sq_dist_trees)
+                                        ServerInputs, ServerState, keep_rows, role_view,
+                                        sq_dist_trees)
 
 CONFIG = fields.Block('fedamp', {
     'lam': fields.Field(1.0, 'FedAMP proximal coefficient λ', fields.at_least(0)),
@@ -46,9 +47,7 @@ def cloud_models(alpha_k: float, sigma: float, info: FedInfo | None = None) -> S
                else x.row_valid[jax.numpy.asarray(info.row_client(role))])
       u, aux = fm.cloud_models(local, alpha_k, sigma, valid)
       if valid is not None:  # a client that sat the round out keeps its u
-        old = state.rows[role]['center']
-        u = jax.tree.map(lambda a, b: jax.numpy.where(
-            valid.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), u, old)
+        u = keep_rows(u, state.rows[role]['center'], valid)
       rows[role] = {'center': u}
       logs[f'fedamp_{role}_self_weight'] = jax.numpy.diagonal(aux['weights'])
     return dict(x.local), state._replace(rows=rows), logs

@@ -35,8 +35,8 @@ from fedjax_mtl import fields
 from fedjax_mtl.algorithms import hca2_math as hm
 from fedjax_mtl.algorithms import rules
 from fedjax_mtl.algorithms.base import (Algorithm, Blocks, Client, FedInfo, Server,
-                                        ServerInputs, ServerState, num_rows, row_offsets,
-                                        tree_sub)
+                                        ServerInputs, ServerState, keep_rows, num_rows,
+                                        row_offsets, tree_sub)
 from fedjax_mtl.errors import ConfigError
 
 PyTree = Any
@@ -237,17 +237,6 @@ def _scatter(values: jax.Array, valid: jax.Array, m: int) -> jax.Array:
   return jnp.zeros(valid.shape + values.shape[1:], values.dtype).at[idx].set(values)
 
 
-def _keep_prev(new: PyTree, prev: PyTree, valid: jax.Array) -> PyTree:
-  """`new` on the valid rows, `prev` on the others (stacked or `Blocks` alike)."""
-  parts = []
-  for (lo, n), (_, p) in zip(row_offsets(new), row_offsets(prev)):
-    on = valid[lo:lo + num_rows(n)]
-    parts.append(jax.tree.map(
-        lambda a, b: jnp.where(on.reshape((-1,) + (1,) * (a.ndim - 1)), a, b.astype(a.dtype)),
-        n, p))
-  return Blocks(tuple(parts)) if isinstance(new, Blocks) else parts[0]
-
-
 def conflict_averse_encoders(info: FedInfo, cfg) -> Server:
   """Encoders: θ_i ← θ_i + Δθ_i (homo-averaged) + clamp(α_i)·Ũ, Ũ = CA(Δθ), learned α [N]."""
   tx = _hyper_tx(cfg)
@@ -280,7 +269,7 @@ def conflict_averse_encoders(info: FedInfo, cfg) -> Server:
     enc = personalize_encoders(prev, local, alpha, u, homo_ids if homo_active else None,
                                valid)
     if valid is not None:
-      enc = _keep_prev(enc, prev, valid)
+      enc = keep_rows(enc, prev, valid)
     logs = dict(alpha=alpha, alpha_grad=g_alpha, ca_w=ca_w,
                 ca_conflict_rate=aux['conflict_rate'])
     return ({'encoder': enc},
@@ -311,7 +300,7 @@ def cross_attention_decoders(info: FedInfo, cfg) -> Server:
     a, att = hm.cross_attention(d_dec, return_attention=True, valid=valid)
     dec = _add_scaled(local, hm.beta_per_leaf(beta, layers), a)
     if valid is not None:
-      dec, a = _keep_prev(dec, prev, valid), _keep_prev(a, st['prev_a'], valid)
+      dec, a = keep_rows(dec, prev, valid), keep_rows(a, st['prev_a'], valid)
     logs = dict(beta=beta, beta_grad=g_beta,
                 attention_entropy=_layer_entropy(att['entropy'], layers, num_layers))
     return ({'decoder': dec},

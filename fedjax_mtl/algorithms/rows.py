@@ -66,6 +66,19 @@ def row_offsets(view: PyTree) -> list[tuple[int, PyTree]]:
   return out
 
 
+def where_rows(on: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+  """`a` on the rows where `on` ([rows] bool) holds, `b` (in `a`'s dtype) elsewhere."""
+  return jnp.where(on.reshape((-1,) + (1,) * (a.ndim - 1)), a, b.astype(a.dtype))
+
+
+def keep_rows(new: PyTree, old: PyTree, on: jax.Array) -> PyTree:
+  """`new` on the rows where `on` ([rows] bool over all rows) holds, `old` elsewhere;
+  stacked trees or `Blocks` of one structure (each part reads its slice of `on`)."""
+  parts = [jax.tree.map(lambda a, b, lo=lo: where_rows(on[lo:lo + a.shape[0]], a, b), n, o)
+           for (lo, n), (_, o) in zip(row_offsets(new), row_offsets(old))]
+  return Blocks(tuple(parts)) if isinstance(new, Blocks) else parts[0]
+
+
 def num_rows(stacked: PyTree) -> int:
   """The (static) leading axis every leaf of a stacked pytree shares."""
   leaves = jax.tree.leaves(stacked)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_mtl import algorithms, report
+from fedjax_mtl import algorithms, comm, report
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.manytask import run as run_lib
 from fedjax_mtl.manytask.feed import RoundFeed
@@ -172,8 +172,7 @@ class ManyTaskEngine:
     bits = np.zeros(n)
     np.add.at(bits, st.pairs[pairs, 0], self.bits[pairs])
     up = np.ceil(bits / 8).astype(np.int64)
-    return {'round': rnd, 'type': 'comm', 'up_bytes': up.tolist(), 'down_bytes': up.tolist(),
-            'up_mb': float(up.sum()) / 1e6, 'down_mb': float(up.sum()) / 1e6}
+    return comm.comm_row(rnd, up, up)
 
   def meta_rows(self) -> list[dict]:
     return []

@@ -33,7 +33,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from fedjax_mtl import federation, report
+from fedjax_mtl import comm, federation, report
 from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.algorithms.base import ServerInputs, ServerState, stack, unstack
 from fedjax_mtl.errors import ConfigError, DivergedError
@@ -178,9 +178,7 @@ class EngineStrategy(nodes.NodeStrategy):
     t0, t_sent, down = getattr(self, '_sent', (t_recv, t_recv, [0] * fed.num_clients))
     up = [nodes.nbytes(got[c]) for c in range(fed.num_clients)]
     # The bytes the messages really carried, in the engine's 'comm' row format.
-    self.records.append({'round': server_round, 'type': 'comm', 'up_bytes': up,
-                         'down_bytes': list(down), 'up_mb': sum(up) / 1e6,
-                         'down_mb': sum(down) / 1e6})
+    self.records.append(comm.comm_row(server_round, up, down))
     self.timing.append({'round': server_round, 'messages': t_sent - t0,
                         'clients': t_recv - t_sent, 'aggregate': time.perf_counter() - t_recv,
                         'client_train': metric('train_seconds').tolist(),
