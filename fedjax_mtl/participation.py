@@ -166,11 +166,12 @@ class Sampler:
     """Whether rounds differ from every client training all its steps."""
     return self.partial or bool(self.stragglers)
 
-  def step_shares(self, rnd: int) -> list[np.ndarray]:
+  def step_shares(self, rnd: int, rows: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Per group, over its real clients: the share of its local steps each takes in
     round `rnd`: 0 if it sits the round out, `straggler_steps` for a straggler, else 1
-    (the streamed feed masks steps by it, `real.TrainChunks`)."""
-    rows = self.rows(rnd)
+    (the streamed feed masks steps by it, `real.TrainChunks`; the in-memory trainers
+    take it for the rows they train). `rows`: the round's `rows(rnd)`, if at hand."""
+    rows = self.rows(rnd) if rows is None else rows
     fracs = self.step_fracs(rnd, rows)
     out = []
     for g, (size, r) in enumerate(zip(self.sizes, rows)):

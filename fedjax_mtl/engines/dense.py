@@ -310,8 +310,12 @@ class DenseEngine:
     s = self.sampler
     if not (s.partial or s.stragglers):
       return memory_round(self.exp, self.programs, state, self.source.train, progress)
-    rows = s.rows(rnd) if s.partial else [np.arange(g.num_total) for g in self.exp.fed.groups]
-    fracs = s.step_fracs(rnd, rows)
+    rows, fracs = s.rows(rnd), None
+    if s.stragglers:  # the shares the streamed feed masks by, over the rows trained here
+      shares = s.step_shares(rnd, rows)
+      fracs = ([sh[r] for sh, r in zip(shares, rows)] if s.partial else
+               [np.concatenate([sh, np.ones(g.num_pad, np.float32)])  # padding rows
+                for sh, g in zip(shares, self.exp.fed.groups)])
     return memory_round(self.exp, self.programs, state, self.source.train, progress,
                         [self.put_rows(r) for r in rows] if s.partial else None,
                         self.put_rows(s.mask(rnd)) if s.partial else None,
