@@ -74,6 +74,35 @@ def override(c, **overrides):
   return c
 
 
+def fed_info(num_clients: int, decoder_client: tuple[int, ...]):
+  """A `FedInfo` for rule tests on tiny pytrees: clients c0.. of one dataset 'p', one
+  task each, decoder row k owned by client `decoder_client[k]`, 3 rounds."""
+  from fedjax_mtl.algorithms import FedInfo
+  k = len(decoder_client)
+  return FedInfo(num_clients=num_clients, num_decoders=k, decoder_client=tuple(decoder_client),
+                 decoder_names=tuple(f'd{i}' for i in range(k)),
+                 client_names=tuple(f'c{i}' for i in range(num_clients)),
+                 homo_groups=tuple(range(num_clients)), decoder_layers=('lin',), num_rounds=3,
+                 client_keys=tuple(('p', f't{i}') for i in range(num_clients)),
+                 decoder_keys=tuple(('p', f't{i}') for i in range(k)))
+
+
+def assert_resumes_bitwise(config, tmp_path) -> tuple[dict, str]:
+  """Runs `config` whole and, in another workdir, stopped after round 1 and resumed:
+  asserts the two final states are equal to the bit; returns (the whole run's result,
+  the resumed workdir)."""
+  import jax
+  import numpy as np
+  from fedjax_mtl import train
+  full = train.train_and_evaluate(config, str(tmp_path / 'full'))
+  part = tmp_path / 'part'
+  assert train.train_and_evaluate(config, str(part), stop_after=1)['interrupted']
+  resumed = train.train_and_evaluate(config, str(part))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(full['state']),
+               jax.device_get(resumed['state']))
+  return full, part
+
+
 def snapshot(d):
   """{relative path: bytes} of every file under d."""
   out = {}

@@ -16,8 +16,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import fed_info
 from fedjax_mtl.algorithms import compress, rules
-from fedjax_mtl.algorithms.base import (Algorithm, Blocks, Client, FedInfo, ServerInputs,
+from fedjax_mtl.algorithms.base import (Algorithm, Blocks, Client, ServerInputs,
                                         ServerState, stack, unstack)
 
 N = 3
@@ -30,13 +31,7 @@ SIZES = {'encoder': (2, 1), 'decoder': (3, 1)}
 
 
 def _info():
-  k = len(DECODER_CLIENT)
-  return FedInfo(num_clients=N, num_decoders=k, decoder_client=DECODER_CLIENT,
-                 decoder_names=tuple(f'd{i}' for i in range(k)),
-                 client_names=tuple(f'c{i}' for i in range(N)), homo_groups=tuple(range(N)),
-                 decoder_layers=('lin',), num_rounds=3,
-                 client_keys=tuple(('p', f't{i}') for i in range(N)),
-                 decoder_keys=tuple(('p', f't{i}') for i in range(k)))
+  return fed_info(N, DECODER_CLIENT)
 
 
 def _tree(rng, rows, shapes, scale=1.0):

@@ -20,15 +20,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import dp_accounting
 import pytest
 from scipy import stats
 
-from fedjax_mtl.algorithms import FedInfo, ServerInputs, dp, rules
+from conftest import fed_info
+from fedjax_mtl.algorithms import ServerInputs, dp, rules
 from fedjax_mtl.algorithms import local as local_alg
 from fedjax_mtl.algorithms import fedavg
 from fedjax_mtl.algorithms.base import Blocks, stack, unstack
-
-dp_accounting = pytest.importorskip('dp_accounting')
 
 N = 4
 DECODER_CLIENT = (0, 1, 2, 3, 3, 3)  # client 3 owns three decoder rows
@@ -38,13 +38,7 @@ SIZES = {'encoder': (3, 1), 'decoder': (3, 3)}  # rows per Blocks part
 
 
 def _info():
-  k = len(DECODER_CLIENT)
-  return FedInfo(num_clients=N, num_decoders=k, decoder_client=DECODER_CLIENT,
-                 decoder_names=tuple(f'd{i}' for i in range(k)),
-                 client_names=tuple(f'c{i}' for i in range(N)), homo_groups=tuple(range(N)),
-                 decoder_layers=('lin',), num_rounds=3,
-                 client_keys=tuple(('p', f't{i}') for i in range(N)),
-                 decoder_keys=tuple(('p', f't{i}') for i in range(k)))
+  return fed_info(N, DECODER_CLIENT)
 
 
 def _inputs(seed, roles=SMALL, scales=(0.1, 0.5, 1.0, 2.0), rnd=0, valid=None):

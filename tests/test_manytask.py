@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import override
+from conftest import assert_resumes_bitwise, override
 from fedjax_mtl import train
 from fedjax_mtl.manytask import allocation
 from fedjax_mtl.defaults import base_config
@@ -158,12 +158,7 @@ def test_local_steps_mode_and_one_task_per_client():
 
 def test_run_writes_results_resumes_and_counts_bits(tmp_path):
   cfg = tiny()
-  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
-  part = tmp_path / 'part'
-  assert train.train_and_evaluate(cfg, str(part), stop_after=1)['interrupted']
-  resumed = train.train_and_evaluate(cfg, str(part))
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(full['state']),
-               jax.device_get(resumed['state']))
+  full, part = assert_resumes_bitwise(cfg, tmp_path)
   rows = [json.loads(line) for line in open(part / 'metrics.jsonl')]
   assert [r['round'] for r in rows if r['type'] == 'agg'] == [1, 2]
   agg = [r for r in rows if r['type'] == 'agg'][0]

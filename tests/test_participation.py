@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import assert_resumes_bitwise, fed_info, tiny_config
 from fedjax_mtl import experiment, participation, rounds, train
 from fedjax_mtl.algorithms import FedInfo, ServerInputs, ServerState, fednova, feddyn, rules
 from fedjax_mtl.engines import dense
@@ -58,9 +58,7 @@ def test_draws_are_seeded_stateless_and_weighted_by_examples():
 
 
 def _info():
-  return FedInfo(num_clients=N, num_decoders=N, decoder_client=tuple(range(N)),
-                 decoder_names=tuple(f'd{i}' for i in range(N)),
-                 client_names=tuple(f'c{i}' for i in range(N)), homo_groups=tuple(range(N)))
+  return fed_info(N, tuple(range(N)))
 
 
 def _round(rng, prev, valid):
@@ -240,13 +238,7 @@ def test_fedavg_gives_every_client_the_participants_mean(smoke):
 
 def test_resume_draws_the_same_clients_and_matches(tmp_path):
   # FedHCA2: its α/β momentum and Ã^(r-1) of the clients that sat out must survive too.
-  cfg = tiny_config('hca2', participation=0.5, num_rounds=3)
-  full = train.train_and_evaluate(cfg, str(tmp_path / 'full'))
-  part = tmp_path / 'part'
-  assert train.train_and_evaluate(cfg, str(part), stop_after=1)['interrupted']
-  resumed = train.train_and_evaluate(cfg, str(part))
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(full['state']),
-               jax.device_get(resumed['state']))
+  assert_resumes_bitwise(tiny_config('hca2', participation=0.5, num_rounds=3), tmp_path)
 
 
 @pytest.mark.parametrize('over,message', [
