@@ -170,6 +170,25 @@ def agg_inputs(cfg) -> tuple:
   return exp, state, start, trained, metrics
 
 
+def agg_runner(fn, holder: dict, start: list, extra: list):
+  """(run, compile seconds, executable) of the engine's aggregation program `fn`
+  (`rounds.make_agg_fn`) compiled for the trained state `holder['s']`: each `run()` is
+  one warmed-up call as the engine makes it (`rounds.aggregate`, donation included),
+  its output fed back as the next trained state, the round start fixed."""
+  from fedjax_mtl import rounds
+  t0 = time.perf_counter()
+  compiled = fn.lower(rounds.agg_core(holder['s']), [gs.params for gs in holder['s'].groups],
+                      start, extra).compile()
+  compile_s = time.perf_counter() - t0
+
+  def run():
+    holder['s'], out = rounds.aggregate(compiled, holder['s'], start, extra)
+    jax.block_until_ready((holder['s'], out))
+
+  run()
+  return run, compile_s, compiled
+
+
 def engine_agg_runners(scenario: str = '1c', algorithm: str = 'hca2',
                        encoder: str = 'swin_t') -> dict:
   """The engine's per-round aggregation at the paper's model scale, as the engine calls it.
@@ -208,21 +227,9 @@ def engine_agg_runners(scenario: str = '1c', algorithm: str = 'hca2',
                                        zip(state.groups, trained_params)])}
   del trained_params
 
-  def runner(fn, extra):
-    t0 = time.perf_counter()
-    compiled = fn.lower(rounds.agg_core(holder['s']), [gs.params for gs in holder['s'].groups],
-                        start, extra).compile()
-    compile_s = time.perf_counter() - t0
-
-    def run():
-      holder['s'], out = rounds.aggregate(compiled, holder['s'], start, extra)
-      jax.block_until_ready((holder['s'], out))
-
-    run()
-    return run, compile_s, compiled
-
-  in_memory, mem_compile, compiled = runner(rounds.make_agg_fn(exp), metrics)
-  streamed, str_compile, _ = runner(rounds.make_agg_fn(exp, streamed=True), accs)
+  in_memory, mem_compile, compiled = agg_runner(rounds.make_agg_fn(exp), holder, start, metrics)
+  streamed, str_compile, _ = agg_runner(rounds.make_agg_fn(exp, streamed=True), holder, start,
+                                        accs)
   mem = compiled.memory_analysis()
   rule = rule_runners(algorithm, views, **({algorithm: cfg[algorithm].to_dict()}
                                            if algorithm in cfg else {}))

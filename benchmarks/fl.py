@@ -49,25 +49,16 @@ def _config(spec: str, values: dict, scenario: str, encoder: str):
 
 
 def _agg_runner(cfg):
-  """One warmed-up call of `cfg`'s engine aggregation on a trained state (its output fed
-  back as the next trained state), as `engine.engine_agg_runners` builds it."""
-  from benchmarks.engine import agg_inputs
+  """One warmed-up call of `cfg`'s engine aggregation on a trained state
+  (`engine.agg_runner`, on `engine.agg_inputs`)."""
+  from benchmarks.engine import agg_inputs, agg_runner
   from fedjax_mtl import rounds
   exp, state, start, trained, metrics = agg_inputs(cfg)
   metrics = jax.device_put(metrics, exp.client_sharding)
   holder = {'s': state.replace(groups=[gs.replace(params=p) for gs, p in
                                        zip(state.groups, trained)])}
   del trained
-  fn = rounds.make_agg_fn(exp)
-  compiled = fn.lower(rounds.agg_core(holder['s']), [gs.params for gs in holder['s'].groups],
-                      start, metrics).compile()
-
-  def run():
-    holder['s'], out = rounds.aggregate(compiled, holder['s'], start, metrics)
-    jax.block_until_ready((holder['s'], out))
-
-  run()
-  return run
+  return agg_runner(rounds.make_agg_fn(exp), holder, start, metrics)[0]
 
 
 def bench_wrappers(repeats: int = 3, scenario: str = 'pascal_st_nyud_mt_1c',
