@@ -32,7 +32,10 @@ import dataclasses
 import jax
 import numpy as np
 
+from fedjax_mtl import algorithms
+from fedjax_mtl.algorithms import compress
 from fedjax_mtl.algorithms.base import role_view
+from fedjax_mtl.algorithms.plugin_math import path_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +44,6 @@ class Sizes:
   entries: np.ndarray  # int64, values in the client's shared rows
   value_bits: np.ndarray  # int64, bits of one value (the widest leaf's dtype)
   tensors: np.ndarray  # int64, number of (row, leaf) tensors
-
-
-def _leaf_names(path) -> tuple[str, ...]:
-  from fedjax_mtl.algorithms.plugin_math import path_names
-  return path_names(path)
 
 
 def shared_sizes(exp) -> Sizes:
@@ -62,7 +60,7 @@ def shared_sizes(exp) -> Sizes:
       if view is None:
         continue
       for path, x in jax.tree_util.tree_leaves_with_path(view):
-        if _leaf_names(path)[:-1] in alg.local_modules:
+        if path_names(path)[:-1] in alg.local_modules:
           continue
         # Decoder leaves are [clients, slots, ...]: a tensor per slot.
         per_client = int(np.prod(x.shape[1:]))
@@ -76,8 +74,6 @@ def shared_sizes(exp) -> Sizes:
 
 def upload_bits(sizes: Sizes, algorithm: str, config) -> np.ndarray:
   """[N] bits each client uploads in a round it takes part in (module docstring)."""
-  from fedjax_mtl import algorithms
-  from fedjax_mtl.algorithms import compress
   values, value_bits = sizes.entries.astype(np.int64), sizes.value_bits.astype(np.int64)
   positions = scales = np.zeros_like(values)
   for name in algorithms.parse(algorithm)[:-1]:  # wrappers, outermost first
