@@ -204,10 +204,26 @@ def make_train_fns(exp: Experiment) -> list:
   `round_start` keeps its own copy of the start (`Experiment.start_axes`);
   otherwise its params are the start the aggregation reads, and are kept.
   """
+  return jit_trainers(exp, train_bodies(exp))
+
+
+def jit_trainers(exp: Experiment, bodies: list) -> list:
+  """The group trainers `bodies` jitted with the state's shardings and donation."""
   return [jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
                   donate_argnums=train_donation(exp),
                   compiler_options=train_compiler_options(exp.config))
-          for run in train_bodies(exp)]
+          for run in bodies]
+
+
+def group_trainers(exp: Experiment) -> list:
+  """Per group: `local_training.make_group_trainer` with the run's settings."""
+  cfg = exp.config
+  return [local_training.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
+                                            cfg.num_rounds, exp.algorithm, lab,
+                                            start_axes(exp, g),
+                                            int(cfg.get('max_steps_per_round', 0)),
+                                            int(cfg.get('max_parallel_clients', 0)))
+          for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
 
 
 def train_donation(exp: Experiment) -> tuple[int, ...]:
@@ -218,20 +234,13 @@ def train_donation(exp: Experiment) -> tuple[int, ...]:
 def train_bodies(exp: Experiment) -> list:
   """Per group: `make_train_fns`' function before it is jitted (a sweep's replica
   programs vmap it)."""
-  cfg = exp.config
-
   def body(g, trainer):
     def run(gs, start, data, rnd, state_rng, total, frac=None):
       key = group_key(FedState(round=rnd, rng=state_rng, groups=[]), g)
       return trainer(gs, data, rnd, key, start, total, frac)
     return run
 
-  return [body(g, local_training.make_group_trainer(spec, m, exp.tx, cfg.optim, cfg.batch_size,
-                                                    cfg.num_rounds, exp.algorithm, lab,
-                                                    start_axes(exp, g),
-                                                    int(cfg.get('max_steps_per_round', 0)),
-                                                    int(cfg.get('max_parallel_clients', 0))))
-          for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels))]
+  return [body(g, trainer) for g, trainer in enumerate(group_trainers(exp))]
 
 
 def take_rows(tree: PyTree, rows: jax.Array, axes: PyTree = 0) -> PyTree:
@@ -254,13 +263,8 @@ def sampled_bodies(exp: Experiment) -> list:
   per group, `participation.Sampler`). Their rows of the state are gathered, trained
   with the keys, batches and learning rates they have in a full round, and written
   back; the other rows are left as they are, and their metrics are zero (no steps)."""
-  cfg = exp.config
   out = []
-  for g, (spec, m, lab) in enumerate(zip(exp.fed.groups, exp.models_train, exp.labels)):
-    trainer = local_training.make_group_trainer(
-        spec, m, exp.tx, cfg.optim, cfg.batch_size, cfg.num_rounds, exp.algorithm, lab,
-        start_axes(exp, g), int(cfg.get('max_steps_per_round', 0)),
-        int(cfg.get('max_parallel_clients', 0)))
+  for g, (spec, trainer) in enumerate(zip(exp.fed.groups, group_trainers(exp))):
     table = local_training.group_rows(spec)
 
     def run(gs, start, data, rnd, state_rng, total, rows, frac=None, g=g, trainer=trainer,
@@ -270,9 +274,8 @@ def sampled_bodies(exp: Experiment) -> list:
                                       take_rows(start, rows, start_axes(exp, g)),
                                       local_training.GroupRows(*take_rows(tuple(table), rows)),
                                       total, frac)
-      metrics = {k: jnp.zeros((n,) + v.shape[1:], v.dtype).at[rows].set(v)
-                 for k, v in metrics.items()}
-      return put_rows(gs, part, rows), metrics
+      zeros = {k: jnp.zeros((n,) + v.shape[1:], v.dtype) for k, v in metrics.items()}
+      return put_rows(gs, part, rows), put_rows(zeros, metrics, rows)
 
     out.append(run)
   return out
@@ -281,10 +284,7 @@ def sampled_bodies(exp: Experiment) -> list:
 def make_sampled_train_fns(exp: Experiment) -> list:
   """`sampled_bodies`, jitted like `make_train_fns` (the group rows are an argument:
   one program for every round's draw)."""
-  return [jax.jit(run, out_shardings=(exp.client_sharding, exp.client_sharding),
-                  donate_argnums=train_donation(exp),
-                  compiler_options=train_compiler_options(exp.config))
-          for run in sampled_bodies(exp)]
+  return jit_trainers(exp, sampled_bodies(exp))
 
 
 def num_rounds(exp: Experiment) -> np.int32:
