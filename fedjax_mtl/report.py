@@ -287,12 +287,20 @@ def curves_figure(rows: list[dict]) -> Figure | None:
   if not train:
     return None
   from matplotlib.figure import Figure
-  keys = list(dict.fromkeys((r.get('dataset', ''), r['task']) for r in train))
+  # Panels and legends in the evaluation's order (every client, every evaluation),
+  # then any the train rows add: with partial participation a client's first train
+  # row can come in any round.
+  both = evals + train
+  keys = list(dict.fromkeys((r.get('dataset', ''), r['task']) for r in both
+                            if (r.get('dataset', ''), r['task']) in
+                            {(t.get('dataset', ''), t['task']) for t in train}))
   ncols = min(len(keys), 5)
   nrows = -(-len(keys) // ncols)
-  clients_of = {k: list(dict.fromkeys(r['client'] for r in train
-                                      if (r.get('dataset', ''), r['task']) == k))
+  clients_of = {k: list(dict.fromkeys(r['client'] for r in both
+                                      if (r.get('dataset', ''), r['task']) == k
+                                      and 'client' in r))
                 for k in keys}
+  train_rounds = sorted({r['round'] for r in train})
   panel_w = 3.1  # inches
   legend_cols = {k: _fitting_columns(c, panel_w) for k, c in clients_of.items()}
   most = max(-(-len(c) // legend_cols[k]) for k, c in clients_of.items())
@@ -307,9 +315,14 @@ def curves_figure(rows: list[dict]) -> Figure | None:
     clients = clients_of[key]
     metric = None
     for client, (colour, ls) in zip(clients, _styles(len(clients))):
-      mine = [r for r in train if (r.get('dataset', ''), r['task'], r['client']) == (*key, client)]
-      ax_loss.plot([r['round'] for r in mine], _floats([r['loss'] for r in mine]),
-                   color=colour, ls=ls, lw=1.4, label=client)
+      mine = {r['round']: r['loss'] for r in train
+              if (r.get('dataset', ''), r['task'], r['client']) == (*key, client)}
+      # A round the client sat out (partial participation) is a gap, and its rounds
+      # get markers, so that a lone round still shows.
+      gaps = len(mine) < len(train_rounds)
+      ax_loss.plot(train_rounds, _floats([mine.get(t) for t in train_rounds]),
+                   color=colour, ls=ls, lw=1.4, label=client,
+                   marker='o' if gaps else None, ms=3)
       ev = [r for r in evals if (r.get('dataset', ''), r['task'], r['client']) == (*key, client)]
       # The last evaluation's metric only (eval_edge_ods='final': odsF at the last
       # evaluation, the edge test loss at those before it).

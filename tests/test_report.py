@@ -233,6 +233,27 @@ def test_plots_are_labelled_without_offset_text_at_1c_and_4c(tmp_path, copies):
     assert not any(box.overlaps(a.get_window_extent()) for a in axes)
 
 
+def test_curves_of_a_run_where_clients_sit_rounds_out():
+  """Partial participation: panels follow the evaluation's order (not the first round
+  that happened to train a task), a client's train loss has a gap where it sat out,
+  and a client that trained in one round only still shows (markers)."""
+  ev = lambda rnd, c, t: {'round': rnd, 'type': 'eval', 'client': c, 'dataset': 'pascal',
+                          'task': t, 'metric': 'mIoU', 'value': 1.}
+  tr = lambda rnd, c, t: {'round': rnd, 'type': 'train', 'client': c, 'dataset': 'pascal',
+                          'task': t, 'loss': float(rnd), 'steps': 2}
+  rows = [tr(1, 'c1', 'parts'), tr(2, 'c0', 'semseg'), tr(3, 'c1', 'parts'),
+          ev(3, 'c0', 'semseg'), ev(3, 'c1', 'parts')]
+  fig = report.curves_figure(rows)
+  fig.draw_without_rendering()
+  assert [sub.axes[0].get_title() or sub._suptitle.get_text() for sub in fig.subfigs] == [
+      'pascal · semseg', 'pascal · parts']
+  (lone,) = fig.subfigs[0].axes[0].lines
+  assert lone.get_marker() == 'o' and np.isfinite(lone.get_ydata()).tolist() == [
+      False, True, False]
+  (gappy,) = fig.subfigs[1].axes[0].lines
+  np.testing.assert_array_equal(gappy.get_ydata(), [1., np.nan, 3.])
+
+
 def _events(logdir):
   """(tag, step, value) of every scalar in the TFRecord event files under `logdir`."""
   from tensorboardX.proto import event_pb2
