@@ -116,7 +116,7 @@ def snapshot(d):
 # Files whose tests take longest (seconds on a 2-core CPU, cold XLA cache). The two
 # xdist workers take whole files in collection order (`--dist loadfile`): starting with
 # these keeps one worker from running a long file alone at the end.
-_LONG_FILES = ('test_multihost.py', 'test_algorithms_engine.py', 'test_notebooks.py',
+_LONG_FILES = ('test_multihost.py', 'test_flower_deploy.py', 'test_algorithms_engine.py', 'test_notebooks.py',
                'test_engine.py', 'test_real_engine.py', 'test_flower.py', 'test_tooling.py',
                'test_feddea.py', 'test_hca2.py', 'test_preempt.py', 'test_sweep.py', 'test_cli.py',
                'test_ntkfedavg.py', 'test_ntk_dense.py', 'test_manytask.py')

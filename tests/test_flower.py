@@ -6,6 +6,7 @@ clients a round); a client whose config differs refuses the run naming the field
 what the adapter cannot run is refused before Ray starts.
 """
 
+import copy
 import os
 
 import jax
@@ -14,6 +15,7 @@ import pytest
 
 import agreement
 from conftest import override, tiny_config
+from fedjax_mtl import comm as comm_lib
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.flower import codec, many_task, runtime, simulate
 from fedjax_mtl.report import read_jsonl
@@ -92,16 +94,19 @@ def many_config(algorithm: str):
   return cfg
 
 
-@pytest.mark.parametrize('algorithm', ['fedavg', 'matu'])
-def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, tmp_path):
+@pytest.mark.parametrize('algorithm,transport', [('fedavg', False), ('matu', True)])
+def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, transport, tmp_path):
   """One Flower node per many-task client: each trains its slots with the engine's
   per-slot trainer (same samples and keys, one slot at a time instead of one vmap),
-  the server stacks the uploads in slot order and runs the engine's aggregation."""
+  the server stacks the uploads in slot order and runs the engine's aggregation.
+  MaTU runs in Flower's simulation engine; FedAvg's messages are computed in process
+  (`simulate.in_process`, the same contents without the transport)."""
   from fedjax_mtl import train
   from fedjax_mtl.manytask import run as run_lib
   cfg = many_config(algorithm)
   wd = str(tmp_path / 'flower')
-  strategy = simulate.simulate(cfg, wd, num_workers=2)
+  strategy = (simulate.simulate(cfg, wd, num_workers=2) if transport
+              else simulate.in_process(cfg, wd))
   want_out = train.train_and_evaluate(cfg, str(tmp_path / 'engine'))
   init = agreement.many_task_rows(run_lib.init_state(run_lib.build_run(cfg)))
   # A server that weighed the dummy slots in (every update shrunk by 5/8) fails the
@@ -169,8 +174,8 @@ def _ntk_plain():
     (lambda: _ntk_tuned(), r'ntkfedavg.tune_alpha is not supported by the Flower adapter'),
     (lambda: override(many_config('fedavg'), algorithm='hca2'),
      r"'hca2' does not run in the many-task setting"),
-    (lambda: tiny_config('fedavg', participation=0.5),
-     r'the Flower adapter trains every client each round with all its steps'),
+    (lambda: tiny_config('fedga', participation=0.5),
+     r"'fedga' has no partial-participation rule yet"),
 ])
 def test_what_the_adapter_cannot_run_is_refused_before_ray_starts(make, message):
   with pytest.raises(ConfigError, match=message):
@@ -216,3 +221,74 @@ def test_a_client_finds_its_rows_in_the_stacked_views():
   x = np.arange(2 * 3 * 4).reshape(1, 3, 4, 2)  # one client, 3 task slots
   np.testing.assert_array_equal(codec.group_piece(codec.client_piece(x, 'decoder'), 'decoder'), x)
 
+
+
+def test_participation_stragglers_compression_and_dp_run_as_in_the_engine(
+    tmp_path, reference_run):
+  """The Flower run trains the clients the engine's run draws (3 of 5 a round), with
+  the same stragglers' step shares; each client quantises its own update and sends
+  the codes (the engine's codes: the same uniforms), and the server decodes them, clips
+  and adds noise as the engine's does; the rows log the same steps, traffic per
+  participant and privacy spent. Computed in process (`simulate.in_process`: the
+  messages' contents without Flower's transport; the transport is the first test's)."""
+  algorithm = 'quantize(dp(hca2))'
+  extra = {'participation': 0.6, 'stragglers': 0.5, 'dp.noise_multiplier': 0.5,
+           'dp.noise': 'row', 'quantize.bits': 4}
+  cfg = tiny_config(algorithm, num_rounds=2, checkpoint_every=2, **agreement.SGD, **extra)
+  strategy = simulate.in_process(cfg, str(tmp_path / 'flower'))
+  ref = agreement.run_reference(cfg, str(tmp_path / 'engine'))
+  roles = ref.exp.algorithm.shared_roles
+  got, want, init = (agreement.flat_views(strategy.views), agreement.select(ref.final, roles),
+                     agreement.select(ref.init, roles))
+  print(agreement.assert_agree(got, want, init, 5, 8))  # a row mix-up fails the bound
+  rows = read_jsonl(str(tmp_path / 'flower' / 'metrics.jsonl'))
+  want = read_jsonl(os.path.join(ref.workdir, 'metrics.jsonl'))
+  pick = lambda rs, t: sorted(((r['round'], r.get('client'), r.get('task'), r.get('steps'))
+                               for r in rs if r['type'] == t), key=str)
+  assert pick(rows, 'train') == pick(want, 'train')  # the same clients, the same steps
+  trained = {(r['round'], r['client']) for r in rows if r['type'] == 'train'}
+  assert all(len({c for rn, c in trained if rn == rnd}) == 3 for rnd in (1, 2))
+  # A straggler took fewer steps than in a full round.
+  full = read_jsonl(os.path.join(reference_run(config()).workdir, 'metrics.jsonl'))
+  steps = lambda rs: {(r['round'], r['client']): r['steps'] for r in rs if r['type'] == 'train'}
+  assert any(steps(rows)[k] < steps(full)[k] for k in steps(rows))
+  comm = lambda rs: [np.asarray(r['up_bytes']) for r in rs if r['type'] == 'comm']
+  assert [(c > 0).tolist() for c in comm(rows)] == [(c > 0).tolist() for c in comm(want)]
+  # The clients sent codes, 4 bits a value instead of 32: the engine's account plus
+  # each array's .npy header (two arrays a leaf: codes, scales).
+  dense = comm_lib.account(ref.exp, override(copy.deepcopy(cfg), algorithm='fedavg')).up
+  for got_up, want_up in zip(comm(rows), comm(want)):
+    on = want_up > 0
+    assert (got_up[on] >= want_up[on]).all() and (got_up[on] < 0.3 * dense[on]).all()
+  agg = lambda rs, k: [r.get(k) for r in rs if r['type'] == 'agg']
+  assert agg(rows, 'dp_epsilon') == agg(want, 'dp_epsilon')
+  assert agg(rows, 'dp_epsilon')[-1] > 0
+  np.testing.assert_allclose(agg(rows, 'quant_rel_error'), agg(want, 'quant_rel_error'),
+                             rtol=1e-3, atol=1e-6)
+
+
+def test_an_error_the_superlink_writes_for_a_lost_node_names_its_client():
+  """A SuperNode that stops reporting gets an error reply written by the SuperLink
+  (source: the SuperLink's node id, 1 here, which is also a client's number): the
+  line names the client the lost message was for, and it is not also called silent."""
+  from types import SimpleNamespace as NS
+  from fedjax_mtl.flower import nodes
+  strategy = type('Bare', (nodes.NodeStrategy,), dict.fromkeys(
+      ['aggregate_evaluate', 'aggregate_train', 'configure_evaluate', 'configure_train'],
+      None))(config(), 3, timeout=30)
+  strategy.nodes = {0: 101, 1: 102, 2: 103}  # client -> node id
+  sent = [NS(metadata=NS(message_id=f'm{c}', dst_node_id=n)) for c, n in strategy.nodes.items()]
+  strategy.sending(sent)
+  ok = lambda c: NS(metadata=NS(src_node_id=100 + c + 1, reply_to_message_id=f'm{c}'),
+                    has_error=lambda: False)
+  lost = NS(metadata=NS(src_node_id=1, reply_to_message_id='m2'), has_error=lambda: True,
+            error=NS(reason='Error: Node Unavailable - The destination node failed to '
+                     'report a heartbeat.'))
+  with pytest.raises(ConfigError) as e:
+    strategy.replies([ok(0), ok(1), lost], 'round 1')
+  assert str(e.value) == ('round 1 failed: client 2: Error: Node Unavailable - The '
+                          'destination node failed to report a heartbeat.')
+  with pytest.raises(ConfigError, match=r'^round 1 failed: no reply within 30 s from '
+                     r'client\(s\) 2$'):
+    strategy.replies([ok(0), ok(1)], 'round 1')
+  assert sorted(strategy.replies([ok(0), ok(1)], 'round 1', expected=[0, 1])) == [0, 1]

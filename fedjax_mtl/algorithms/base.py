@@ -96,6 +96,11 @@ class ServerInputs(NamedTuple):
   row_client: jax.Array | None = None
   row_task: jax.Array | None = None
   origin: Views | None = None
+  # role -> the updates the clients sent, compressed by the clients themselves and
+  # decoded by the server (a Flower deployment: `compress.encoding`), in `local`'s
+  # views; None: the uploads are `local` and the compression wrapper compresses them.
+  # The outermost compression wrapper reads it and passes it on as None.
+  encoded: Views | None = None
 
 
 class ServerState(NamedTuple):

@@ -133,6 +133,30 @@ def check_bits(bits: int) -> None:
                      f'{MIN_BITS} <= bits <= {MAX_BITS}')
 
 
+def quantize_codes(delta: jax.Array, uniform: jax.Array,
+                   bits: int) -> tuple[jax.Array, jax.Array]:
+  """(codes [rows, d] float32 in 0..2^bits − 1, scales s [rows, 1]) of a leaf's rows
+  ([rows, ...], float32) given uniforms in [0, 1) of its shape (`quantize_leaf`)."""
+  levels = (1 << bits) - 1  # L − 1: the number of steps between −s and s
+  rows = delta.shape[0]
+  flat = delta.reshape(rows, -1)
+  s = jnp.max(jnp.abs(flat), axis=1, keepdims=True, initial=0.)
+  half_per = jnp.where(s > 0, 0.5 * levels / jnp.where(s > 0, s, 1.), 0.)
+  # XLA turns x / s into x · (1/s), which need not land on the ends at |x| = s:
+  # pinned there.
+  t = jnp.where(jnp.abs(flat) == s, jnp.where(flat > 0, float(levels), 0.),
+                jnp.clip((flat + s) * half_per, 0., float(levels)))
+  low = jnp.floor(t)
+  return low + (uniform.reshape(rows, -1) < t - low).astype(jnp.float32), s
+
+
+def dequantize(codes: jax.Array, s: jax.Array, bits: int) -> jax.Array:
+  """The levels of `quantize_codes`' codes ([rows, d], scales [rows, 1]): code j is
+  −s + j·2s/(L−1); code 0 is −s exactly (0·x − s), the top code is pinned to s."""
+  levels = (1 << bits) - 1
+  return jnp.where(codes >= levels, s, codes * (2. * s / levels) - s)
+
+
 def quantize_leaf(delta: jax.Array, uniform: jax.Array, bits: int) -> jax.Array:
   """Q(Δ) of a leaf's rows ([rows, ...], float32) given uniforms in [0, 1) of its shape.
 
@@ -144,20 +168,14 @@ def quantize_leaf(delta: jax.Array, uniform: jax.Array, bits: int) -> jax.Array:
   exactly. With 1 bit the levels are ±s. (Up to float32: the uniforms come in steps
   of 2^-24, so the bias is below step·2^-24.)
   """
-  levels = (1 << bits) - 1  # L − 1: the number of steps between −s and s
-  rows = delta.shape[0]
-  flat = delta.reshape(rows, -1)
-  s = jnp.max(jnp.abs(flat), axis=1, keepdims=True, initial=0.)
-  half_per = jnp.where(s > 0, 0.5 * levels / jnp.where(s > 0, s, 1.), 0.)
-  # XLA turns x / s into x · (1/s), which need not land on the ends at |x| = s:
-  # pinned there.
-  t = jnp.where(jnp.abs(flat) == s, jnp.where(flat > 0, float(levels), 0.),
-                jnp.clip((flat + s) * half_per, 0., float(levels)))
-  low = jnp.floor(t)
-  code = low + (uniform.reshape(rows, -1) < t - low).astype(jnp.float32)
-  # Code 0 decodes to −s exactly (0·x − s); the top code is pinned to s.
-  q = jnp.where(code >= levels, s, code * (2. * s / levels) - s)
-  return q.reshape(delta.shape)
+  return dequantize(*quantize_codes(delta, uniform, bits), bits).reshape(delta.shape)
+
+
+def _uniforms(seed: int, rnd, role: str, i: int, lo: int, shape: tuple[int, ...]) -> jax.Array:
+  """The uniforms `quantize` rounds leaf `i` of `role`'s rows lo.. with in 0-based
+  round `rnd` (one hash per entry of its global index: equal wherever the rows are)."""
+  tag = zlib.crc32(role.encode()) & 0x7FFFFFFF
+  return counter_rng.uniform(counter_rng.key(seed, rnd, _SALT, tag, i), lo, shape)
 
 
 def quantize(rule: Server, info: FedInfo, bits: int, seed: int = 0) -> Server:
@@ -168,17 +186,23 @@ def quantize(rule: Server, info: FedInfo, bits: int, seed: int = 0) -> Server:
   of its global index under a key of (seed, round, a salt, the role, the leaf's
   position): deterministic, equal for stacked and `Blocks` views. Rows with `row_valid` False pass through.
   Logs: `quant_rel_error` [num_clients] ‖Q(Δ) − Δ‖/‖Δ‖ over each client's whole update.
+  With `ServerInputs.encoded` the clients quantised their own updates
+  (`encode_quantized`, the same codes) and it holds the decoded Q(Δ): the rule reads
+  prev + it, and the error is the clients' to report.
   """
   check_bits(bits)
 
   def apply(state: ServerState, x: ServerInputs):
+    if x.encoded is not None:  # the clients quantised their updates (`encode_quantized`)
+      local = {r: _upload(x.prev[r], x.encoded[r], x.local[r], _valid_rows(info, r, x))
+               for r in x.local}
+      return rule.apply(state, x._replace(local=local, encoded=None))
     deltas, sent, local = {}, {}, {}
     for role in x.local:
       valid = _valid_rows(info, role, x)
-      tag = zlib.crc32(role.encode()) & 0x7FFFFFFF
 
-      def q(lo, i, d, tag=tag, valid=valid):
-        u = counter_rng.uniform(counter_rng.key(seed, x.round, _SALT, tag, i), lo, d.shape)
+      def q(lo, i, d, role=role, valid=valid):
+        u = _uniforms(seed, x.round, role, i, lo, d.shape)
         return _where_rows(valid, lo, quantize_leaf(d, u, bits), d)
 
       deltas[role] = tree_sub(x.local[role], x.prev[role])
@@ -190,6 +214,44 @@ def quantize(rule: Server, info: FedInfo, bits: int, seed: int = 0) -> Server:
     return new, st, {**logs, 'quant_rel_error': jnp.sqrt(_ratio(err, norm))}
 
   return Server(init=rule.init, apply=apply, blocks=rule.blocks)
+
+
+def encoding(config) -> str | None:
+  """The compression a client applies to its own upload before sending it (a Flower
+  deployment): 'quantize' when it is the algorithm's outermost wrapper (the first to
+  see the uploads, so what the clients send is what it would make of them), else None
+  (any compression wrapper then runs at the server on the full uploads)."""
+  from fedjax_mtl import algorithms  # (the registry imports this module)
+  wrappers = algorithms.parse(str(config.algorithm))[:-1]
+  return 'quantize' if wrappers and wrappers[0] == 'quantize' else None
+
+
+def encode_quantized(prev: PyTree, up: PyTree, role: str, lo: int, rnd, seed: int,
+                     bits: int) -> tuple[list, list, jax.Array, jax.Array]:
+  """One client's quantised update of `role` (its rows lo.. of the role's stacked
+  view: `prev` the rows it was sent, `up` its trained rows, one tree): the codes
+  `quantize` would make of them in 0-based round `rnd` (the same uniforms) as
+  (codes per leaf [rows, d] uint16, scales per leaf [rows, 1] float32,
+  Σ(Q(Δ) − Δ)², ΣΔ²)."""
+  codes, scales = [], []
+  err = norm = jnp.float32(0.)
+  for i, (p, u) in enumerate(zip(jax.tree.leaves(prev), jax.tree.leaves(up))):
+    d = u.astype(jnp.float32) - p.astype(jnp.float32)
+    code, scale = quantize_codes(d, _uniforms(seed, rnd, role, i, lo, d.shape), bits)
+    flat = d.reshape(d.shape[0], -1)
+    err = err + jnp.sum(jnp.square(dequantize(code, scale, bits) - flat))
+    norm = norm + jnp.sum(jnp.square(flat))
+    codes.append(code.astype(jnp.uint16))
+    scales.append(scale)
+  return codes, scales, err, norm
+
+
+def decode_quantized(codes: list, scales: list, like: PyTree, bits: int) -> PyTree:
+  """Q(Δ) (float32, `like`'s structure and shapes) from `encode_quantized`'s codes."""
+  leaves, tdef = jax.tree.flatten(like)
+  return jax.tree.unflatten(tdef, [
+      dequantize(jnp.asarray(c, jnp.float32).reshape(x.shape[0], -1), jnp.asarray(s),
+                 bits).reshape(x.shape) for c, s, x in zip(codes, scales, leaves)])
 
 
 def quantize_payload(values: np.ndarray, leaf_rows: np.ndarray, bits: int) -> np.ndarray:

@@ -337,3 +337,11 @@ def run_epsilons(config, sampling_rate: float = 1.0) -> list[float] | None:
   cfg = DP.of(config)
   q = sampling_rate if cfg.noise == 'sum' else 1.0
   return epsilons(float(cfg.noise_multiplier), q, int(config.num_rounds), float(cfg.delta))
+
+
+def privacy_row(config, epsilons: list[float] | None, rnd: int) -> dict:
+  """The privacy spent after round `rnd` as an agg row's fields ({'dp_epsilon',
+  'dp_delta'}; {} without DP); `epsilons`: `run_epsilons`'s list."""
+  if epsilons is None:
+    return {}
+  return {'dp_epsilon': epsilons[rnd - 1], 'dp_delta': float(DP.of(config).delta)}

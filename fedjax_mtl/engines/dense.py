@@ -386,9 +386,7 @@ class DenseEngine:
 
   def privacy_row(self, rnd: int) -> dict:
     """The privacy spent after round `rnd` ({'dp_epsilon', 'dp_delta'}; {} without DP)."""
-    if self.epsilons is None:
-      return {}
-    return {'dp_epsilon': self.epsilons[rnd - 1], 'dp_delta': float(dp.DP.of(self.config).delta)}
+    return dp.privacy_row(self.config, self.epsilons, rnd)
 
   @functools.cached_property
   def account(self) -> comm.Account:

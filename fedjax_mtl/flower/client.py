@@ -33,6 +33,7 @@ from flwr.clientapp import ClientApp
 from fedjax_mtl import evaluation, local_training, rounds, sources
 from fedjax_mtl.data import real
 from fedjax_mtl.engines.dense import zero_accs
+from fedjax_mtl.algorithms import compress
 from fedjax_mtl.algorithms.base import merge_view, role_view
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.experiment import init_state
@@ -58,6 +59,7 @@ class ClientRuntime:
     self._eval: dict[Any, Any] = {}
     self._chunks: dict[int, Any] = {}
     self._tests: dict[str, Any] = {}
+    self._quantizers: dict[int, Any] = {}
     self.threads = int(config.data.get('threads', 2))
 
   def locate(self, client: int) -> tuple[int, int]:
@@ -108,11 +110,15 @@ class ClientRuntime:
       self._train[g] = (jax.jit(run, donate_argnums=(0, 2)), jax.jit(finalize))
     return self._train[g]
 
-  def train_streamed(self, client: int, cs: GroupState, rnd: int):
-    """`train` on streamed real data: the round's chunks of the client's row."""
+  def train_streamed(self, client: int, cs: GroupState, rnd: int, share: float = 1.0):
+    """`train` on streamed real data: the round's chunks of the client's row (a
+    straggler's steps past its `share` masked, as the engine's feed masks them)."""
     g, j = self.locate(client)
     spec = self.exp.fed.groups[g]
     chunks = self.chunks(client)
+    shares = [np.ones(s.num_total, np.float32) for s in self.exp.fed.groups]
+    shares[g][j] = share
+    chunks.step_shares = None if share == 1.0 else (lambda r: shares)
     step, finalize = self.chunk_program(g)
     start = jax.device_put(cs.params)
     cs, acc = jax.device_put(cs), jax.device_put(zero_accs(spec, 1))
@@ -131,9 +137,10 @@ class ClientRuntime:
     return trained, uploads, metrics
 
   def train_program(self, g: int):
-    """Jitted `(state, data, round, rng, rows) -> (state, uploads, metrics)` of group g:
-    the client's local round (`local_training.make_group_trainer(...).rows`) and the client
-    part's finalize against the params it started from."""
+    """Jitted `(state, data, round, rng, rows, frac) -> (state, uploads, metrics)` of
+    group g: the client's local round (`local_training.make_group_trainer(...).sampled`
+    from its own params; `frac` [1]: the share of its steps it takes, below 1 for a
+    straggler) and the client part's finalize against the params it started from."""
     if g not in self._train:
       exp, cfg = self.exp, self.config
       spec = exp.fed.groups[g]
@@ -143,9 +150,9 @@ class ClientRuntime:
                                          max_steps=int(cfg.get('max_steps_per_round', 0)),
                                          max_parallel=int(cfg.get('max_parallel_clients', 0)))
 
-      def run(cs, data, rnd, rng, rows):
+      def run(cs, data, rnd, rng, rows, frac):
         key = rounds.group_key(FedState(round=rnd, rng=rng, groups=[]), g)
-        trained, metrics = trainer.rows(cs, data, rnd, key, rows)
+        trained, metrics = trainer.sampled(cs, data, rnd, key, cs.params, rows, frac=frac)
         trained, uploads = local_training.finalize_group(exp.algorithm, trained, cs.params)
         return trained, uploads, metrics
 
@@ -165,22 +172,51 @@ class ClientRuntime:
           lambda gs, b: ev(*rounds.eval_variables(self.exp, gs), b)))
     return self._eval[key]
 
-  def train(self, client: int, cs: GroupState, rnd: int) -> tuple[GroupState, dict, dict]:
+  def train(self, client: int, cs: GroupState, rnd: int,
+            share: float = 1.0) -> tuple[GroupState, dict, dict]:
     """Round `rnd` (1-based) of `client` from its state `cs` (the server's rows
-    merged in): (trained state, uploads per shared role, metrics)."""
+    merged in), taking the first ceil(`share`·its steps) steps (a straggler's share;
+    1: all): (trained state, uploads per shared role, metrics)."""
     g, j = self.locate(client)
     spec = self.exp.fed.groups[g]
     if self.exp.streamed:
-      trained, uploads, metrics = self.train_streamed(client, cs, rnd)
+      trained, uploads, metrics = self.train_streamed(client, cs, rnd, share)
     else:
       fn = self.train_program(g)
       trained, uploads, metrics = fn(cs, self.train_data[spec.dataset]['train'],
                                      jnp.int32(rnd - 1), self.init.rng,
-                                     local_training.group_rows(spec, (j,)))
-    labels = self.exp.labels[g]
-    pieces = {r: codec.client_piece(role_view(uploads, labels, r), r)
-              for r in self.exp.algorithm.shared_roles}
-    return trained, pieces, metrics
+                                     local_training.group_rows(spec, (j,)),
+                                     jnp.full((1,), share, jnp.float32))
+    return trained, self.pieces(client, uploads), metrics
+
+  def pieces(self, client: int, params: PyTree) -> dict:
+    """The client's rows of every shared role (role -> the rows of the stacked view)
+    in its one-row group `params`."""
+    labels = self.exp.labels[self.locate(client)[0]]
+    return {r: codec.client_piece(role_view(params, labels, r), r)
+            for r in self.exp.algorithm.shared_roles}
+
+  @property
+  def bits(self) -> int:
+    """`quantize.bits` of the run."""
+    return int(compress.QUANTIZE.of(self.config).bits)
+
+  def quantizer(self, client: int):
+    """Jitted `(rows sent, rows trained, 0-based round) -> (codes, scales, Σ error²,
+    Σ update²)` per shared role: the client's update quantised as the `quantize`
+    wrapper would (`compress.encode_quantized`, its rows' global positions)."""
+    if client not in self._quantizers:
+      fed, seed, bits = self.exp.fed, int(self.config.seed), self.bits
+
+      def run(prev, up, rnd):
+        out = {r: compress.encode_quantized(prev[r], up[r], r,
+                                            codec.row_slice(fed, r, client).start, rnd, seed,
+                                            bits) for r in up}
+        return ({r: o[0] for r, o in out.items()}, {r: o[1] for r, o in out.items()},
+                sum(o[2] for o in out.values()), sum(o[3] for o in out.values()))
+
+      self._quantizers[client] = jax.jit(run)
+    return self._quantizers[client]
 
   def evaluate(self, client: int, cs: GroupState, rnd: int | None = None) -> list[dict]:
     """Metric rows (client, dataset, task, metric, value) of the client's model on
@@ -277,18 +313,27 @@ def _with_server_rows(rt: ClientRuntime, client: int, cs: GroupState,
 def train_reply(rt: ClientRuntime, client: int, kept, content: RecordDict):
   """A train message's work: (the state to keep, as a record; the reply's content)."""
   rnd = int(content['config']['server-round'])
+  share = float(content['config'].get('step-share', 1.0))
   t0 = time.perf_counter()
   cs = _with_server_rows(rt, client, stored_state(rt, client, kept), content)
-  trained, pieces, m = rt.train(client, cs, rnd)
+  trained, pieces, m = rt.train(client, cs, rnd, share)
   m = jax.device_get(m)
-  seconds = time.perf_counter() - t0  # the server's rows decoded, the local round
   spec = rt.exp.fed.groups[rt.locate(client)[0]]
+  extra = {}
+  if compress.encoding(rt.config) == 'quantize':  # sent as codes: `quantize` at the client
+    codes, scales, err, norm = jax.device_get(rt.quantizer(client)(
+        rt.pieces(client, cs.params), pieces, jnp.int32(rnd - 1)))
+    upload = codec.quantized_record(codes, scales, rt.bits)
+    extra = {'quant_err': float(err), 'quant_norm': float(norm)}
+  else:
+    upload = codec.to_record(jax.device_get(pieces))
+  seconds = time.perf_counter() - t0  # the server's rows decoded, the local round
   metrics = MetricRecord({
       'num-examples': int(rt.exp.fed.clients[client].num_train),
       'steps': int(m['steps'][0]), 'first_loss': float(m['first_loss'][0]),
       'last_loss': float(m['last_loss'][0]), 'train_seconds': seconds,
-      'loss': [float(x) for x in np.asarray(m['loss'][0])][:spec.num_slots]})
-  reply = RecordDict({'upload': codec.to_record(jax.device_get(pieces)), 'metrics': metrics,
+      'loss': [float(x) for x in np.asarray(m['loss'][0])][:spec.num_slots], **extra})
+  reply = RecordDict({'upload': upload, 'metrics': metrics,
                       'client': ConfigRecord({'client': client})})
   return codec.to_record(jax.device_get(trained.replace(server_rows=()))), reply
 

@@ -90,3 +90,50 @@ def differing_fields(config, server_fields: str) -> list[str]:
   (`shared_fields`), sorted; [] when they agree."""
   mine, theirs = json.loads(shared_fields(config)), json.loads(server_fields)
   return sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+  """Integer codes in 0..2^bits − 1 as a bit stream, `bits` bits each (uint8 bytes,
+  most significant bit first; the last byte zero-padded)."""
+  flat = np.asarray(codes).reshape(-1).astype(np.uint32)
+  if bits == 8:
+    return flat.astype(np.uint8)
+  planes = (flat[:, None] >> np.arange(bits - 1, -1, -1, dtype=np.uint32)) & 1
+  return np.packbits(planes.astype(np.uint8).reshape(-1))
+
+
+def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+  """`pack_codes`' inverse: `count` codes (uint32)."""
+  if bits == 8:
+    return np.asarray(packed[:count], np.uint32)
+  planes = np.unpackbits(np.asarray(packed, np.uint8))[:count * bits].reshape(count, bits)
+  return planes.astype(np.uint32) @ (1 << np.arange(bits - 1, -1, -1, dtype=np.uint32))
+
+
+def quantized_record(codes: dict[str, list], scales: dict[str, list], bits: int) -> ArrayRecord:
+  """A client's quantised upload (role -> its leaves' codes [rows, d] and scales
+  [rows, 1]) as the arrays it sends: per leaf the packed codes and the float32 scales."""
+  out = {}
+  for role in codes:
+    for i, (c, sc) in enumerate(zip(codes[role], scales[role])):
+      out[f'{role}/{i}/codes'] = Array(pack_codes(np.asarray(c), bits))
+      out[f'{role}/{i}/scales'] = Array(np.asarray(sc, np.float32).reshape(-1))
+  return ArrayRecord(array_dict=out)
+
+
+def read_quantized(record: ArrayRecord, like: dict[str, PyTree],
+                   bits: int) -> tuple[dict[str, list], dict[str, list]]:
+  """`quantized_record`'s codes and scales (role -> per leaf [rows, d], [rows, 1]),
+  shaped by `like` (role -> the client's rows)."""
+  codes, scales = {}, {}
+  for role, tree in like.items():
+    codes[role], scales[role] = [], []
+    for i, x in enumerate(jax.tree.leaves(tree)):
+      rows, count = x.shape[0], int(np.prod(x.shape))
+      for kind in ('codes', 'scales'):
+        if f'{role}/{i}/{kind}' not in record:
+          raise KeyError(f'the message has no array {role}/{i}/{kind!r}')
+      codes[role].append(unpack_codes(record[f'{role}/{i}/codes'].numpy(), bits, count)
+                         .reshape(rows, -1))
+      scales[role].append(record[f'{role}/{i}/scales'].numpy().reshape(rows, 1))
+  return codes, scales

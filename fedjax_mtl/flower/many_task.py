@@ -198,7 +198,7 @@ class ManyTaskStrategy(nodes.NodeStrategy):
     msgs = [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=self.nodes[c])
             for c, content in sorted(self.train_contents(server_round).items())]
     self._sent = (t0, time.perf_counter(), sum(nodes.nbytes(m) for m in msgs))
-    return msgs
+    return self.sending(msgs)
 
   def aggregate_train(self, server_round: int,
                       replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -46,13 +46,16 @@ def reason(text: str) -> str:
   return lines[-1].strip() if lines else text
 
 
-def reply_errors(replies: list[Message], clients: dict[int, int] | None) -> list[str]:
+def reply_errors(replies: list[Message], clients: dict[int, int] | None,
+                 node_of=None) -> list[str]:
   """One line per failed reply: its reason, after the client (`clients`: node ->
-  client) or the node it came from (None: the reason names its client)."""
+  client) or the node it came from (None: the reason names its client). `node_of(reply)`:
+  the node a reply answers for (default its source; an error the SuperLink writes for
+  a node it lost comes from the SuperLink itself)."""
   out = []
   for m in replies:
     if m.has_error():
-      node = m.metadata.src_node_id
+      node = m.metadata.src_node_id if node_of is None else node_of(m)
       why = reason(m.error.reason)
       if clients is not None:
         why = (f'client {clients[node]}' if node in clients else f'node {node}') + ': ' + why
@@ -69,6 +72,7 @@ class NodeStrategy(Strategy):
     self.num_clients = num_clients
     self.timeout = timeout
     self.nodes: dict[int, int] = {}  # client -> node id
+    self._outbox: list[Message] = []  # the messages of the exchange under way (`sending`)
     # Per round: seconds building the messages, waiting for the clients (their
     # training and Flower's transport), aggregating; each client's own seconds;
     # array bytes sent and received.
@@ -80,16 +84,30 @@ class NodeStrategy(Strategy):
     every failed or missing client."""
     replies = list(replies)
     by_node = {n: c for c, n in self.nodes.items()}
-    errors = reply_errors(replies, by_node)
+    node_of = self.node_of()
+    errors = reply_errors(replies, by_node, node_of)
     got = {by_node[m.metadata.src_node_id]: m for m in replies if not m.has_error()}
     want = set(self.nodes) if expected is None else set(expected)
-    missing = sorted(want - set(got) - {by_node.get(m.metadata.src_node_id) for m in replies})
+    missing = sorted(want - set(got) - {by_node.get(node_of(m)) for m in replies})
     if missing:
       errors.append(f'no reply within {self.timeout:.0f} s from client(s) '
                     f'{", ".join(map(str, missing))}')
     if errors:
       raise ConfigError(f'{what} failed: ' + '; '.join(errors))
     return got
+
+  def sending(self, msgs: list[Message]) -> list[Message]:
+    """`msgs`, kept until their replies come (`node_of` reads their ids, which the
+    grid sets as it pushes them)."""
+    self._outbox = list(msgs)
+    return msgs
+
+  def node_of(self):
+    """`reply -> node` it answers for: the destination of the message it replies to
+    (an error the SuperLink writes for a node that stopped reporting comes from the
+    SuperLink, not from that node), else its source."""
+    dst = {m.metadata.message_id: m.metadata.dst_node_id for m in self._outbox}
+    return lambda m: dst.get(m.metadata.reply_to_message_id, m.metadata.src_node_id)
 
   def handshake(self, grid: Grid) -> None:
     """Map nodes to clients and have every client check its config against ours."""
@@ -106,7 +124,7 @@ class NodeStrategy(Strategy):
     fields = codec.shared_fields(self.config)
     msgs = [Message(content=RecordDict({'config': ConfigRecord({'fields': fields})}),
                     message_type=MessageType.QUERY, dst_node_id=node) for node in nodes]
-    replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
+    replies = list(grid.send_and_receive(self.sending(msgs), timeout=self.timeout))
     errors = reply_errors(replies, None)
     if errors:
       raise ConfigError('clients refused the run: ' + '; '.join(errors))

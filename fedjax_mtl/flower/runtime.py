@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from fedjax_mtl import experiment
+from fedjax_mtl import experiment, participation
 from fedjax_mtl.errors import ConfigError
 
 
@@ -82,8 +82,9 @@ def build_many_task(config):
 
 
 def check_supported(exp: experiment.Experiment) -> None:
-  """ConfigError naming what the adapter cannot run in the dense setting: partial
-  participation and stragglers, device augmentation of real data, a client part
+  """ConfigError naming what the adapter cannot run in the dense setting (partial
+  participation and stragglers run as in the engine, `participation.check_supported`):
+  device augmentation of real data, a client part
   that starts from a server-defined
   lookahead (`Client.begin`), and server-side averaging of batch-norm running
   statistics (`Algorithm.average_stats`).
@@ -91,10 +92,7 @@ def check_supported(exp: experiment.Experiment) -> None:
   Per-row server state (`ServerState.rows`, e.g. FedDyn's, SCAFFOLD-like terms) is
   supported: the server keeps it and sends each client its rows with its params."""
   alg, cfg = exp.algorithm, exp.config
-  if float(cfg.get('participation', 1.0)) != 1.0 or float(cfg.get('stragglers', 0.0)):
-    raise ConfigError('the Flower adapter trains every client each round with all its steps: '
-                      'participation=1 and stragglers=0 (the engine samples clients and '
-                      'stragglers; Flower deployments choose their own nodes)')
+  participation.check_supported(cfg, exp.fed.num_clients)  # the engine's rules apply
   if exp.streamed and cfg.data.get('augment', 'host') != 'host':
     raise ConfigError("the Flower adapter takes data.augment='host': device augmentation "
                       "sizes its canvases by every client's images, which a client does "

@@ -12,6 +12,13 @@ part, jitted, on them: the same `ServerInputs` the engine's round builds (the
 rows the clients started from, their uploads, example and step counts,
 first/last losses), in the same row blocks.
 
+Each round trains the clients the engine's run would (`participation.Sampler`:
+participants and stragglers from (seed, round)); a client that sits a round out
+gets no message and counts as in the engine (`ServerInputs.row_valid`). Under an
+outermost `quantize(...)` the clients send quantisation codes
+(`compress.encode_quantized`) and the server decodes them (`ServerInputs.encoded`);
+`dp(...)` clips and adds noise here, in the strategy.
+
 Before the first round a handshake (`nodes.NodeStrategy.handshake`) maps Flower
 nodes to the run's clients (`partition-id`) and has every client compare its
 config with the server's: a client whose config differs refuses, naming the
@@ -21,6 +28,7 @@ fields, and the run stops with that line.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from logging import INFO
@@ -33,7 +41,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from fedjax_mtl import comm, federation, report
+from fedjax_mtl import comm, federation, participation, report
+from fedjax_mtl.algorithms import compress, dp
 from fedjax_mtl import workdir as workdir_lib
 from fedjax_mtl.algorithms.base import ServerInputs, ServerState, stack, unstack
 from fedjax_mtl.errors import ConfigError, DivergedError
@@ -46,7 +55,9 @@ PyTree = Any
 def config_from_run(run_config) -> Any:
   """The run's config from a Flower run config: `config` = `configs/x.py[:arg]`
   and optionally `overrides` = a JSON object of dotted fields
-  (`'{"num_rounds": 2, "optim.lr": 0.001}'`)."""
+  (`'{"num_rounds": 2, "optim.lr": 0.001}'`) and `fraction-train` (Flower's
+  strategies' name for the share of nodes trained a round): the config's
+  `participation`. Server and clients read the same run config."""
   from fedjax_mtl import config_doc
   if 'config' not in run_config:
     raise ConfigError("the Flower run config has no 'config' (e.g. config='configs/hca2.py:smoke')")
@@ -54,6 +65,8 @@ def config_from_run(run_config) -> Any:
   for key, value in json.loads(str(run_config.get('overrides', '{}'))).items():
     node, last = config_doc.field_parent(config, key)
     node[last] = tuple(value) if isinstance(node[last], tuple) else value
+  if 'fraction-train' in run_config:  # Flower's name for the clients trained a round
+    config.participation = float(run_config['fraction-train'])
   return config
 
 
@@ -77,12 +90,18 @@ class EngineStrategy(nodes.NodeStrategy):
     self.records: list[dict] = [{'round': 0, 'type': 'meta',
                                  'clients': [c.name for c in fed.clients],
                                  'decoders': list(fed.decoder_names)}]
+    # Who trains each round (and the stragglers' step shares): the engine's draw from
+    # (seed, round), so a Flower run trains the clients the engine's run would.
+    self.sampler = participation.Sampler(exp.config, fed)
     self._apply = jax.jit(self._server_apply)
 
   # -- the rule -----------------------------------------------------------------
 
-  def _server_apply(self, shared, rows, prev, local, steps, first, last, rnd):
-    """The algorithm's server part on stacked rows, in the engine's row blocks."""
+  def _server_apply(self, shared, rows, prev, local, steps, first, last, rnd, valid=None,
+                    encoded=None):
+    """The algorithm's server part on stacked rows, in the engine's row blocks;
+    `valid` ([N] bool): the round's participants (None: every client); `encoded`:
+    the clients' quantised updates, decoded (`ServerInputs.encoded`)."""
     exp = self.exp
     fed, alg = exp.fed, exp.algorithm
     if alg.server.blocks:
@@ -94,7 +113,8 @@ class EngineStrategy(nodes.NodeStrategy):
         local={r: wrap(v, r) for r, v in local.items()},
         num_examples=jnp.asarray(fed.num_examples), num_steps=steps,
         client_ids=jnp.arange(fed.num_clients, dtype=jnp.int32), round=rnd,
-        first_loss=first, last_loss=last)
+        first_loss=first, last_loss=last, row_valid=valid,
+        encoded=None if encoded is None else {r: wrap(v, r) for r, v in encoded.items()})
     new, sstate, logs = alg.server.apply(
         ServerState(shared, {r: wrap(v, r) for r, v in rows.items()}), inputs)
     new_rows = {r: stack(v) if jax.tree.leaves(v) else rows[r] for r, v in sstate.rows.items()}
@@ -108,14 +128,27 @@ class EngineStrategy(nodes.NodeStrategy):
     fed = self.exp.fed
     cut = lambda tree, r: jax.tree.map(lambda x: x[codec.row_slice(fed, r, client)], tree)
     content = {'params': codec.to_record({r: cut(v, r) for r, v in self.views.items()}),
-               'config': ConfigRecord({'server-round': rnd})}
+               'config': ConfigRecord({'server-round': rnd,
+                                       'step-share': float(self.step_shares(rnd)[client])})}
     if jax.tree.leaves(self.rows):
       content['server_rows'] = codec.to_record({r: cut(v, r) for r, v in self.rows.items()})
     return RecordDict(content)
 
-  def _messages(self, rnd: int, kind: str) -> list[Message]:
+  def participants(self, rnd: int) -> np.ndarray:
+    """[N] bool: the clients that train in round `rnd` (`participation.Sampler`)."""
+    return self.sampler.mask(rnd)
+
+  def step_shares(self, rnd: int) -> np.ndarray:
+    """[N] float32: the share of its local steps each client takes in round `rnd`
+    (0: it sits the round out; below 1: a straggler)."""
+    out = np.zeros(self.exp.fed.num_clients, np.float32)
+    for ids, share in zip(self.sampler.client_ids, self.sampler.step_shares(rnd)):
+      out[ids] = share
+    return out
+
+  def _messages(self, rnd: int, kind: str, clients=None) -> list[Message]:
     return [Message(content=self.client_content(c, rnd), message_type=kind, dst_node_id=n)
-            for c, n in sorted(self.nodes.items())]
+            for c, n in sorted(self.nodes.items()) if clients is None or clients[c]]
 
   # -- Strategy -----------------------------------------------------------------
 
@@ -129,44 +162,76 @@ class EngineStrategy(nodes.NodeStrategy):
                       grid: Grid) -> Iterable[Message]:
     import time
     t0 = time.perf_counter()
-    msgs = self._messages(server_round, MessageType.TRAIN)
-    # Array bytes each client receives (messages in client order, `_messages`).
-    self._sent = (t0, time.perf_counter(), [nodes.nbytes(m) for m in msgs])
-    return msgs
+    on = self.participants(server_round)
+    msgs = self._messages(server_round, MessageType.TRAIN, on)
+    # Array bytes each client receives (0 for a client that sits the round out).
+    down = np.zeros(len(on), np.int64)
+    down[np.flatnonzero(on)] = [nodes.nbytes(m) for m in msgs]
+    self._sent = (t0, time.perf_counter(), down.tolist())
+    return self.sending(msgs)
 
   def aggregate_train(self, server_round: int,
                       replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
     import time
     t_recv = time.perf_counter()
-    got = {c: m.content for c, m in self.replies(replies, f'round {server_round}').items()}
+    on = self.participants(server_round)
+    got = {c: m.content for c, m in self.replies(replies, f'round {server_round}',
+                                                  np.flatnonzero(on).tolist()).items()}
     return self.aggregate(server_round, got, t_recv)
 
   def aggregate(self, server_round: int, got: dict[int, RecordDict],
                 t_recv: float | None = None) -> tuple[ArrayRecord | None, MetricRecord]:
-    """The server step of round `server_round` on every client's reply content."""
+    """The server step of round `server_round` on the reply content of every client
+    that took part (`participants`). A client that sat the round out counts as the
+    engine counts it: its upload the rows it was sent, no steps, and
+    `ServerInputs.row_valid` False."""
     import time
     t_recv = time.perf_counter() if t_recv is None else t_recv
     fed, exp = self.exp.fed, self.exp
+    on = self.participants(server_round)
     cut = lambda tree, r, c: jax.tree.map(lambda x: x[codec.row_slice(fed, r, c)], tree)
-    uploads = []
+    quantized = compress.encoding(self.config) == 'quantize'
+    bits = int(compress.QUANTIZE.of(self.config).bits) if quantized else 0
+    uploads, sent = [], []
     for c in range(fed.num_clients):
       like = {r: cut(v, r, c) for r, v in self.views.items()}
-      up = codec.from_record(got[c]['upload'], like)
+      if not on[c]:  # its upload: the rows it holds; nothing sent
+        uploads.append(like)
+        sent.append(jax.tree.map(lambda x: np.zeros(x.shape, np.float32), like))
+        continue
+      if quantized:  # Q(Δ) from the codes; the rule reads prev + Q(Δ) (`compress.quantize`)
+        codes, scales = codec.read_quantized(got[c]['upload'], like, bits)
+        up = {r: compress.decode_quantized(codes[r], scales[r], like[r], bits) for r in like}
+        up = jax.device_get(up)
+        sent.append(up)
+        uploads.append(like)
+      else:
+        up = codec.from_record(got[c]['upload'], like)
+        uploads.append(up)
       if not all(np.all(np.isfinite(x)) for x in jax.tree.leaves(up)
                  if np.issubdtype(x.dtype, np.inexact)):
         client = fed.clients[c]
         raise DivergedError(f'round {server_round}: non-finite upload of client '
                             f'{client.name} ({", ".join(client.tasks)})')
-      uploads.append(up)
-    local = {r: jax.tree.map(lambda *xs: np.concatenate(xs, 0), *[u[r] for u in uploads])
-             for r in self.views}
-    metric = lambda k: np.asarray([got[c]['metrics'][k] for c in range(fed.num_clients)])
+    cat = lambda trees: {r: jax.tree.map(lambda *xs: np.concatenate(xs, 0), *[t[r] for t in trees])
+                         for r in self.views}
+    local = cat(uploads)
+    metric = lambda k: np.asarray([got[c]['metrics'][k] if on[c] else 0
+                                   for c in range(fed.num_clients)])
+    valid = jnp.asarray(on) if self.sampler.partial else None
     new, self.shared, rows, logs = self._apply(
         self.shared, self.rows, self.views, local, jnp.asarray(metric('steps'), jnp.int32),
         jnp.asarray(metric('first_loss'), jnp.float32),
-        jnp.asarray(metric('last_loss'), jnp.float32), jnp.int32(server_round - 1))
+        jnp.asarray(metric('last_loss'), jnp.float32), jnp.int32(server_round - 1), valid,
+        cat(sent) if quantized else None)
     self.views, self.rows, logs = jax.device_get((new, rows, logs))  # waits for the rule
+    if quantized:  # each client's error of its own quantisation, as the wrapper logs it
+      err, norm = metric('quant_err'), metric('quant_norm')
+      logs = {**logs, 'quant_rel_error': np.sqrt(np.where(norm > 0, err / np.where(
+          norm > 0, norm, 1.), 0.)).astype(np.float32)}
     for c, client in enumerate(fed.clients):
+      if not on[c]:
+        continue  # a client that sat the round out trained nothing (the engine's rows)
       m = got[c]['metrics']
       for s, task in enumerate(client.tasks):
         self.records.append({'round': server_round, 'type': 'train', 'client': client.name,
@@ -174,25 +239,36 @@ class EngineStrategy(nodes.NodeStrategy):
                              'loss': float(m['loss'][s]), 'steps': int(m['steps'])})
     if logs:
       self.records.append({'round': server_round, 'type': 'agg',
-                           **{k: np.asarray(v).tolist() for k, v in logs.items()}})
+                           **{k: np.asarray(v).tolist() for k, v in logs.items()},
+                           **self.privacy_row(server_round)})
     t0, t_sent, down = getattr(self, '_sent', (t_recv, t_recv, [0] * fed.num_clients))
-    up = [nodes.nbytes(got[c]) for c in range(fed.num_clients)]
+    up = [nodes.nbytes(got[c]) if on[c] else 0 for c in range(fed.num_clients)]
     # The bytes the messages really carried, in the engine's 'comm' row format.
     self.records.append(comm.comm_row(server_round, up, down))
     self.timing.append({'round': server_round, 'messages': t_sent - t0,
                         'clients': t_recv - t_sent, 'aggregate': time.perf_counter() - t_recv,
-                        'client_train': metric('train_seconds').tolist(),
+                        'client_train': [float(x) for x in metric('train_seconds')[on]],
                         'bytes_down': sum(down), 'bytes_up': sum(up)})
     losses = [r['loss'] for r in self.records
               if r['type'] == 'train' and r['round'] == server_round]
     last = server_round == exp.config.num_rounds
     return (self.arrays() if last else None), MetricRecord({'train_loss': float(np.mean(losses))})
 
+  @functools.cached_property
+  def epsilons(self) -> list[float] | None:
+    """ε after each round of a `dp(...)` run (the engine's accountant), else None."""
+    return dp.run_epsilons(self.config, self.sampler.rate())
+
+  def privacy_row(self, rnd: int) -> dict:
+    """{'dp_epsilon', 'dp_delta'} after round `rnd`, as the engine logs them ({}
+    without DP)."""
+    return dp.privacy_row(self.config, self.epsilons, rnd)
+
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                          grid: Grid) -> Iterable[Message]:
     if not self.evaluates(server_round):
       return []
-    return self._messages(server_round, MessageType.EVALUATE)
+    return self.sending(self._messages(server_round, MessageType.EVALUATE))
 
   def aggregate_evaluate(self, server_round: int,
                          replies: Iterable[Message]) -> MetricRecord | None:
@@ -220,12 +296,30 @@ class EngineStrategy(nodes.NodeStrategy):
 
   def write(self, workdir: str) -> None:
     """metrics.jsonl, results.md and results.csv of the run in `workdir` (the
-    engine's formats: `scripts/compare.py` and the notebooks read them)."""
+    engine's formats: `scripts/compare.py` and the notebooks read them), and the
+    aggregated rows of every shared role in `final_rows.npz` (keyed by their paths,
+    `codec.to_record`'s keys; `read_final_rows`)."""
     from fedjax_mtl.engines.dense import method_label
     final = nodes.write_run(workdir, self.config, self.records)
+    write_final_rows(workdir, self.views)
     md, csv_text = report.results_table(method_label(self.config) + ' (Flower)', final, None)
     report.atomic_write(os.path.join(workdir, 'results.md'), md)
     report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)
+
+
+def write_final_rows(workdir: str, views: PyTree) -> None:
+  """`views` (role -> stacked rows) as `final_rows.npz` in `workdir`, atomically."""
+  flat = {jax.tree_util.keystr(p): np.asarray(x)
+          for p, x in jax.tree_util.tree_flatten_with_path(views)[0]}
+  tmp = os.path.join(workdir, 'final_rows.tmp.npz')
+  np.savez(tmp, **flat)
+  os.replace(tmp, os.path.join(workdir, 'final_rows.npz'))
+
+
+def read_final_rows(workdir: str) -> dict[str, np.ndarray]:
+  """The arrays `write_final_rows` wrote, by path (`"['encoder']['conv']..."`)."""
+  with np.load(os.path.join(workdir, 'final_rows.npz')) as z:
+    return {k: z[k] for k in z.files}
 
 
 def claim_workdir(workdir: str, hold: contextlib.ExitStack) -> None:
@@ -253,7 +347,9 @@ def make_server_app(config=None, workdir: str | None = None,
   config (`config_from_run`). `workdir`: where the run's metrics and tables go.
   `holder['strategy']` receives the strategy (`simulate` reads its results), and
   `holder['error']` an exception that stopped the run. A deployment's run config may
-  name the workdir too (`workdir='runs/flower'`)."""
+  name the workdir too (`workdir='runs/flower'`), and `timeout`: the seconds the
+  server waits for a round's replies before it stops naming the clients that did
+  not answer (default 3600)."""
   app = ServerApp()
 
   @app.main()
@@ -264,7 +360,8 @@ def make_server_app(config=None, workdir: str | None = None,
       with contextlib.ExitStack() as hold:
         if out:  # one writer: the workdir stays locked while the rounds run
           claim_workdir(str(out), hold)
-        strategy = make_strategy(cfg)
+        wait = float(context.run_config.get('timeout', 3600.0)) if config is None else 3600.0
+        strategy = make_strategy(cfg, wait)
         if holder is not None:
           holder['strategy'] = strategy
         strategy.start(grid)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+import numpy as np
+
 from fedjax_mtl.errors import ConfigError
 from fedjax_mtl.flower import runtime
 
@@ -116,7 +118,7 @@ def _dense_in_process(config):
   kept = {c: None for c in range(n)}
   for rnd in range(1, config.num_rounds + 1):
     replies = {}
-    for c in range(n):
+    for c in np.flatnonzero(strategy.participants(rnd)).tolist():
       kept[c], replies[c] = client.train_reply(rt, c, kept[c], strategy.client_content(c, rnd))
     strategy.aggregate(rnd, replies)
     if strategy.evaluates(rnd):
