@@ -25,6 +25,8 @@ from benchmarks.common import algorithm_config
 # Wrapped specs timed against FedAvg, with their blocks' values.
 WRAPPERS = {
     'quantize(fedavg) 8 bits': ('quantize(fedavg)', {'quantize.bits': 8}),
+    'quantize(fedavg) 8 bits, error log': ('quantize(fedavg)', {'quantize.bits': 8,
+                                                                'quantize.log_error': True}),
     'dp(fedavg) clipping only': ('dp(fedavg)', {'dp.clip_norm': 1.0,
                                                 'dp.noise_multiplier': 0.0}),
     'dp(fedavg) clip + noise': ('dp(fedavg)', {'dp.clip_norm': 1.0, 'dp.noise_multiplier': 1.0}),

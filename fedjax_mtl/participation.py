@@ -191,10 +191,13 @@ class Sampler:
 # rules over the participants, `hca2`; FedAMP's cloud models mixing participants;
 # FedSTA's shared body; FedACG's and `momentum`'s server momentum, a global quantity
 # kept per row that every row follows; Local and the personal parts need nothing),
-# and wrappers that pass non-participants through.
+# and wrappers that pass non-participants through (`pcgrad`: a client that sat out has
+# Δ = 0, which no projection involves, so the participants are projected off each
+# other only, in their order of the round's permutation; `heal`: FedHEAL over its
+# online clients, `plugin_math.heal_terms`).
 SUPPORTED_BASES = ('local', 'fedavg', 'fedprox', 'fedper', 'fedbabu', 'ditto', 'fedbn', 'moon',
                    'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg')
-SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum')
+SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum', 'pcgrad', 'heal')
 
 
 def check_supported(config, num_clients: int) -> None:

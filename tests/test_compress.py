@@ -189,7 +189,7 @@ def _quantized(bits, rng, seed=0, rnd=0, blocks=False, row_valid=None):
   info = _info()
   prev = {r: jax.tree.map(np.zeros_like, _tree(rng, n, s)) for r, (n, s) in ROLES.items()}
   x = _inputs(prev, rng, rnd, row_valid)
-  server = compress.quantize(rules.identity(), info, bits, seed)
+  server = compress.quantize(rules.identity(), info, bits, seed, log_error=True)
   out, _, logs = jax.jit(server.apply)(ServerState(), _blocks(x) if blocks else x)
   return x, {r: jax.tree.map(np.asarray, stack(v)) for r, v in out.items()}, logs
 
@@ -272,6 +272,12 @@ def test_quantize_log_and_invalid_rows():
           for k in x.local[r]:
             np.testing.assert_array_equal(q[r][k][i], x.local[r][k][i])
   assert logs['quant_rel_error'][0] > 0
+  # Without the log (a run's default: quantize.log_error=False) the same uploads.
+  plain = compress.quantize(rules.identity(), info, 2, 0)
+  out, _, none = jax.jit(plain.apply)(ServerState(), x)
+  assert 'quant_rel_error' not in none
+  for u, v in zip(jax.tree.leaves({r: stack(v) for r, v in out.items()}), jax.tree.leaves(q)):
+    np.testing.assert_array_equal(u, v)
 
 
 @pytest.mark.parametrize('bits', [0, 17, 32, -1, 2.5, True])

@@ -233,7 +233,7 @@ def test_participation_stragglers_compression_and_dp_run_as_in_the_engine(
   messages' contents without Flower's transport; the transport is the first test's)."""
   algorithm = 'quantize(dp(hca2))'
   extra = {'participation': 0.6, 'stragglers': 0.5, 'dp.noise_multiplier': 0.5,
-           'dp.noise': 'row', 'quantize.bits': 4}
+           'dp.noise': 'row', 'quantize.bits': 4, 'quantize.log_error': True}
   cfg = tiny_config(algorithm, num_rounds=2, checkpoint_every=2, **agreement.SGD, **extra)
   strategy = simulate.in_process(cfg, str(tmp_path / 'flower'))
   ref = agreement.run_reference(cfg, str(tmp_path / 'engine'))

@@ -109,6 +109,40 @@ def test_fedavg_fednova_and_feddyn_aggregate_the_participants_only(weighting):
       want[name] = np.asarray(new['encoder']['w'])
 
 
+def test_pcgrad_projects_the_participants_off_each_other_only():
+  """pcgrad(mean) with two of four clients sitting out: each participant's update is
+  projected (NumPy PCGrad) off the other participants' updates it conflicts with, in
+  their order within the round's permutation; the mean is over the participants."""
+  from fedjax_mtl.algorithms import enhance, plugin_math
+  info = _info()
+  server = enhance.pcgrad(rules.mean('uniform', info), info, seed=3)
+  prev = {'encoder': {'w': np.zeros((N, 6), np.float32)}}
+  valid = np.array([True, False, True, True])
+  # Three participants whose updates conflict pairwise; the others' uploads are their start.
+  deltas = np.array([[1., 0, 0, 1, 0, 0], [5, 5, 5, 5, 5, 5], [-1, 1, 0, 0, 1, 0],
+                     [0, -1, 1, -1, 0, 1]], np.float32)
+  local = {'encoder': {'w': np.where(valid[:, None], deltas, 0.)}}
+  x = ServerInputs(prev=prev, local=local, num_examples=jnp.ones(N), num_steps=jnp.ones(N, jnp.int32),
+                   client_ids=jnp.arange(N), round=jnp.int32(2), row_valid=jnp.asarray(valid))
+  new, _, logs = jax.jit(server.apply)(server.init(prev), x)
+  order = np.asarray(plugin_math.pcgrad_order(
+      jax.random.fold_in(jax.random.PRNGKey(3), 2), N))
+  out = []
+  for i in np.flatnonzero(valid):
+    g = deltas[i].astype(np.float64)
+    for j in order[i]:
+      if j != i and valid[j] and g @ deltas[j] < 0:
+        g = g - (g @ deltas[j]) / (deltas[j] @ deltas[j]) * deltas[j]
+    out.append(g)
+  want = np.mean(out, axis=0)
+  assert sum(g @ deltas[j] < 0 for g in deltas[valid] for j in np.flatnonzero(valid)) >= 2
+  np.testing.assert_allclose(new['encoder']['w'], np.broadcast_to(want, (N, 6)), atol=1e-5)
+  # The clients that sat out keep their own (zero) row of coefficients' off-diagonal.
+  coef = np.asarray(logs['pcgrad_coefficients'])
+  np.testing.assert_array_equal(coef[1], np.eye(N)[1])
+  assert np.all(coef[valid][:, 1] == 0)
+
+
 def test_server_momentum_and_fedsta_follow_the_participants():
   """FedAvgM: m ← μm + (mean_P − θ) and θ ← θ + lr·m on every row (all rows hold the
   global model); FedSTA's shared body is the participants' mean."""

@@ -559,7 +559,64 @@ def test_heal_four_rounds_match_oracle():
       np.testing.assert_allclose(np.asarray(h), np.stack([oracle.hist[i][l] for i in range(K)]),
                                  **TOL)
   assert saw_partial_mask
-  assert int(state.count) == 4
+  assert np.all(np.asarray(state.count) == 4)
+
+
+def test_heal_over_participants_runs_fedheal_over_its_online_clients():
+  """FedHEAL with some clients sitting out (`valid`): an oracle that runs FedHEAL's
+  rules over the round's participants only, each client's history averaged over the
+  rounds it took part in, its first round unmasked (client 2 first takes part in
+  round 3), weights momentum-updated and normalised over the participants; the
+  clients that sat out keep their history, weight and momentum."""
+  k, tau, beta = 4, 0.3, 0.4
+  rng = np.random.default_rng(42)
+  prev = _single(rng)
+  state = pm.heal_init(_stacked(rng, k))
+  theta = _leaves64(prev)
+  hist, seen, w, dw = {}, np.zeros(k, int), np.full(k, 1 / k), np.zeros(k)
+  valids = [[1, 1, 0, 1], [0, 1, 0, 1], [1, 0, 1, 1], [1, 1, 1, 0]]
+  for valid in map(np.asarray, valids):
+    valid = valid.astype(bool)
+    deltas = jax.tree.map(lambda x: x * valid.reshape((-1,) + (1,) * (x.ndim - 1)),
+                          _stacked(rng, k, scale=0.1))
+    d = _leaves64(deltas)
+    on = np.flatnonzero(valid)
+    masks, upd, dist = {}, {}, {}
+    for i in on:
+      u = [-x[i] for x in d]
+      if seen[i] == 0:
+        hist[i] = [(x >= 0).astype(np.float64) for x in u]
+        masks[i] = [np.ones_like(x) for x in u]
+      else:
+        masks[i] = [(np.where(x >= 0, h, 1 - h) > tau).astype(np.float64)
+                    for x, h in zip(u, hist[i])]
+        hist[i] = [(h * seen[i] + (x >= 0)) / (seen[i] + 1) for x, h in zip(u, hist[i])]
+      upd[i] = [x * m for x, m in zip(u, masks[i])]
+      dist[i] = sum(np.linalg.norm(x) for x in upd[i])
+    for i in on:
+      dw[i] = (1 - beta) * dw[i] + beta * dist[i] / sum(dist.values())
+      w[i] = w[i] + dw[i]
+    freq = {i: w[i] / w[on].sum() for i in on}
+    for l, t in enumerate(theta):
+      adj = {i: freq[i] * masks[i][l] for i in on}
+      tot = sum(adj.values())
+      for i in on:
+        t = t - upd[i][l] * np.where(tot == 0, freq[i], adj[i] / np.where(tot == 0, 1, tot))
+      theta[l] = t
+    seen += valid
+    terms, state, aux = jax.jit(pm.heal_terms)(state, deltas, tau, beta, jnp.asarray(valid))
+    got = [p + np.sum(np.asarray(x, np.float64), 0) for p, x in zip(_leaves64(prev), jax.tree.leaves(terms))]
+    prev = jax.tree.unflatten(jax.tree.structure(prev), [g.astype(np.float32) for g in got])
+    for g, want in zip(got, theta):
+      np.testing.assert_allclose(g, want, **TOL)
+    np.testing.assert_allclose(np.asarray(aux['weights']),
+                               [freq.get(i, 0.) for i in range(k)], **TOL)
+    np.testing.assert_array_equal(np.asarray(state.count), seen)
+    np.testing.assert_allclose(np.asarray(state.weights), w, **TOL)
+    for i in range(k):
+      if i in hist:
+        for h, want in zip([x[i] for x in jax.tree.leaves(state.history)], hist[i]):
+          np.testing.assert_allclose(np.asarray(h), want, **TOL)
 
 
 def test_heal_first_round_is_weighted_averaging():

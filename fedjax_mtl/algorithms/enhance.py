@@ -20,6 +20,7 @@ or a base that shares the encoders only.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from fedjax_mtl.algorithms import plugin_math, rules
 from fedjax_mtl.algorithms.base import (FedInfo, Server, ServerInputs, ServerState, Views,
@@ -59,7 +60,9 @@ def heal(rule: Server, info: FedInfo, weighting: str = 'uniform',
   """FedHEAL's masks and weights over the clients' updates, then `rule` (spec §2.5).
 
   State: the sign histories per client row (`ServerState.rows`, sharded with the
-  clients) and the client weights, their momentum and the round count (shared).
+  clients) and the client weights, their momentum and each client's count of rounds
+  (shared). Under partial participation (`ServerInputs.row_valid`) FedHEAL runs over
+  the round's participants, its online clients (`plugin_math.heal_terms`).
   """
   rules.check_weighting(weighting)
 
@@ -77,8 +80,9 @@ def heal(rule: Server, info: FedInfo, weighting: str = 'uniform',
     weights, delta, count = state.shared['heal']
     hs = plugin_math.HealState(history={r: state.rows[r]['history'] for r in deltas},
                                weights=weights, delta=delta, count=count)
-    terms, hs, heal_logs = plugin_math.heal_terms(hs, deltas, tau, beta)
+    terms, hs, heal_logs = plugin_math.heal_terms(hs, deltas, tau, beta, x.row_valid)
     w = rules.row_weights(weighting, info, 'encoder', x)  # one row per client: w_k
+    w = jnp.where(w > 0, w, 1.)  # a client that sat out has weight 0 and term 0
     step = {r: jax.tree.map(lambda t: t / w.reshape((-1,) + (1,) * (t.ndim - 1)), v)
             for r, v in terms.items()}
     inner = ServerState(state.shared['inner'], {r: v['inner'] for r, v in state.rows.items()})

@@ -392,7 +392,8 @@ class HealState(NamedTuple):
     its past rounds in which θ − θ_k ≥ 0 (FedHEAL's `increase_history`);
   weights: `[K]` the un-normalised client weights (`previous_weights`);
   delta: `[K]` their last momentum step (`previous_delta_weights`);
-  count: rounds aggregated so far (FedHEAL's `epoch_index`).
+  count: `[K]` int32, the rounds each client took part in so far (FedHEAL's
+    `epoch_index` under full participation, where every entry equals it).
   """
   history: PyTree
   weights: jax.Array
@@ -410,13 +411,19 @@ def heal_init(stacked: PyTree, weights: jax.Array | None = None) -> HealState:
   w = jnp.full((k,), 1.0 / k, jnp.float32) if weights is None else normalize_weights(weights)
   return HealState(
       history=jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), jnp.float32), stacked),
-      weights=w, delta=jnp.zeros((k,), jnp.float32), count=jnp.zeros((), jnp.int32))
+      weights=w, delta=jnp.zeros((k,), jnp.float32), count=jnp.zeros((k,), jnp.int32))
 
 
 def heal_terms(state: HealState, deltas: PyTree, tau: float = HEAL_TAU,
-               beta: float = HEAL_BETA) -> tuple[PyTree, HealState, dict]:
-  """One FedHEAL round (`FedAvGHEAL.loc_update`, full participation) as per-client
-  terms t_k = q_k ⊙ m_k ⊙ Δ_k whose sum over k is FedHEAL's step.
+               beta: float = HEAL_BETA,
+               valid: jax.Array | None = None) -> tuple[PyTree, HealState, dict]:
+  """One FedHEAL round (`FedAvGHEAL.loc_update`) as per-client terms
+  t_k = q_k ⊙ m_k ⊙ Δ_k whose sum over k is FedHEAL's step.
+
+  `valid` ([K] bool, None: all): the round's participants, FedHEAL's online clients.
+  Only they update their history (r below is each client's own count of rounds taken
+  part in), their weight momentum δ and weight a; p normalises a over them, so the
+  others' terms are 0 and their state is kept.
 
   With u_k = θ − θ_k = −Δ_k and s_k = [u_k ≥ 0] per coordinate (FedHEAL's sign
   convention, so Δ = 0 counts as "decrease"):
@@ -430,14 +437,17 @@ def heal_terms(state: HealState, deltas: PyTree, tau: float = HEAL_TAU,
   Returns (stacked terms, new state, {'weights': p [K], 'masks': stacked m}).
   """
   k = num_rows(deltas)
-  r = state.count.astype(jnp.float32)
-  first = state.count == 0
+  on = jnp.ones((k,), bool) if valid is None else jnp.asarray(valid, bool)
+  count = jnp.broadcast_to(state.count, (k,))
+  r = count.astype(jnp.float32)
+  first = count == 0
 
   def leaf_mask(d, h):
     s = (d.astype(jnp.float32) <= 0).astype(jnp.float32)
     cons = jnp.where(s > 0, h, 1.0 - h)
-    m = jnp.where(first, 1.0, (cons > tau).astype(jnp.float32))
-    return m, (h * r + s) / (r + 1.0)
+    rk, firstk, onk = _rows(r, d.ndim), _rows(first, d.ndim), _rows(on, d.ndim)
+    m = jnp.where(firstk, 1.0, (cons > tau).astype(jnp.float32)) * onk
+    return m, jnp.where(onk, (h * rk + s) / (rk + 1.0), h)
 
   pairs = jax.tree.map(leaf_mask, deltas, state.history)
   is_pair = lambda x: isinstance(x, tuple)
@@ -449,9 +459,9 @@ def heal_terms(state: HealState, deltas: PyTree, tau: float = HEAL_TAU,
              for x in jax.tree.leaves(masked))
   total = jnp.sum(dist)
   share = jnp.where(total > 0, dist / jnp.where(total > 0, total, 1.0), 0.0)
-  delta_w = (1.0 - beta) * state.delta + beta * share
-  raw_w = state.weights + delta_w
-  p = raw_w / jnp.sum(raw_w)
+  delta_w = jnp.where(on, (1.0 - beta) * state.delta + beta * share, state.delta)
+  raw_w = jnp.where(on, state.weights + delta_w, state.weights)
+  p = jnp.where(on, raw_w, 0.) / jnp.sum(jnp.where(on, raw_w, 0.))
 
   def leaf_term(md, m):
     pk = _rows(p, m.ndim)
@@ -461,7 +471,8 @@ def heal_terms(state: HealState, deltas: PyTree, tau: float = HEAL_TAU,
     return q * md
 
   terms = jax.tree.map(leaf_term, masked, masks)
-  new_state = HealState(history=history, weights=raw_w, delta=delta_w, count=state.count + 1)
+  new_state = HealState(history=history, weights=raw_w, delta=delta_w,
+                        count=count + on.astype(jnp.int32))
   return terms, new_state, {'weights': p, 'masks': masks}
 
 

@@ -225,7 +225,8 @@ class EngineStrategy(nodes.NodeStrategy):
         jnp.asarray(metric('last_loss'), jnp.float32), jnp.int32(server_round - 1), valid,
         cat(sent) if quantized else None)
     self.views, self.rows, logs = jax.device_get((new, rows, logs))  # waits for the rule
-    if quantized:  # each client's error of its own quantisation, as the wrapper logs it
+    if quantized and compress.QUANTIZE.of(self.config).log_error:
+      # each client's error of its own quantisation, as the wrapper logs it
       err, norm = metric('quant_err'), metric('quant_norm')
       logs = {**logs, 'quant_rel_error': np.sqrt(np.where(norm > 0, err / np.where(
           norm > 0, norm, 1.), 0.)).astype(np.float32)}
