@@ -189,14 +189,15 @@ class Sampler:
 # What runs with partial participation: bases whose server reads the participants
 # only (`rules.row_weights`: FedAvg's mean, FedNova, FedDyn's h over 1/m; FedHCA2's
 # rules over the participants, `hca2`; FedAMP's cloud models mixing participants;
-# FedSTA's shared body; FedACG's and `momentum`'s server momentum, a global quantity
+# FedSTA's shared body; MaT-FL's grouping of the participants' encoders, as in the
+# many-task setting; FedACG's and `momentum`'s server momentum, a global quantity
 # kept per row that every row follows; Local and the personal parts need nothing),
 # and wrappers that pass non-participants through (`pcgrad`: a client that sat out has
 # Δ = 0, which no projection involves, so the participants are projected off each
 # other only, in their order of the round's permutation; `heal`: FedHEAL over its
 # online clients, `plugin_math.heal_terms`).
 SUPPORTED_BASES = ('local', 'fedavg', 'fedprox', 'fedper', 'fedbabu', 'ditto', 'fedbn', 'moon',
-                   'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg')
+                   'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg', 'matfl')
 SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum', 'pcgrad', 'heal')
 
 

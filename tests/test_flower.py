@@ -99,8 +99,9 @@ def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, transport
   """One Flower node per many-task client: each trains its slots with the engine's
   per-slot trainer (same samples and keys, one slot at a time instead of one vmap),
   the server stacks the uploads in slot order and runs the engine's aggregation.
-  MaTU runs in Flower's simulation engine; FedAvg's messages are computed in process
-  (`simulate.in_process`, the same contents without the transport)."""
+  MaTU runs in Flower's simulation engine (the many-task messages through Ray's
+  transport); FedAvg's messages are computed in process (`simulate.in_process`, the
+  same contents without the transport)."""
   from fedjax_mtl import train
   from fedjax_mtl.manytask import run as run_lib
   cfg = many_config(algorithm)

@@ -273,7 +273,9 @@ def test_a_failed_split_names_its_task_and_the_settings_to_change():
   # example goes to one client, so no Dirichlet(0.1) split over 10 clients gives each 10.
   labels = [np.arange(1000) % 5, np.arange(397)]
   with pytest.raises(ConfigError, match=r'^task sun397: no Dirichlet\(0\.1\) split of 397 '
-                     r'samples over 10 clients .* raise many\.zeta_c, lower many\.min_size'):
-    mt.allocate(labels, 10, None, 0.1, seed=0, names=['mnist', 'sun397'], fields='many.')
+                     r'samples over 10 clients .* in 50 tries; raise many\.zeta_c, lower '
+                     r'many\.min_size'):
+    mt.allocate(labels, 10, None, 0.1, seed=0, names=['mnist', 'sun397'], fields='many.',
+                max_tries=50)
   a = mt.allocate(labels, 10, None, 0.1, seed=0, min_size=0, names=['mnist', 'sun397'])
   assert sorted(np.concatenate([a.indices[c][1] for c in range(10)]).tolist()) == list(range(397))

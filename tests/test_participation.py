@@ -143,6 +143,34 @@ def test_pcgrad_projects_the_participants_off_each_other_only():
   assert np.all(coef[valid][:, 1] == 0)
 
 
+@pytest.mark.parametrize('mode', ['hard', 'soft'])
+def test_matfl_groups_the_participants_alone(mode):
+  """MaT-FL's grouping with two of six clients sitting out: the participants' encoders
+  are grouped (clustered or cosine-weighted) as if the others did not exist, and the
+  clients that sat out keep theirs."""
+  from fedjax_mtl.algorithms import matfl
+  n = 6
+  info = fed_info(n, tuple(range(n)))
+  server = matfl.grouping(mode, 2, 0.5, info)
+  rng = np.random.default_rng(3)
+  local = {'encoder': {'w': rng.normal(size=(n, 8)).astype(np.float32)}}
+  valid = np.array([True, True, False, True, False, True])
+  x = ServerInputs(prev=local, local=local, num_examples=jnp.ones(n),
+                   num_steps=jnp.ones(n, jnp.int32), client_ids=jnp.arange(n),
+                   round=jnp.int32(0), row_valid=jnp.asarray(valid))
+  new, _, _ = jax.jit(server.apply)(ServerState(), x)
+  sub_info = fed_info(4, tuple(range(4)))
+  sub = {'encoder': {'w': local['encoder']['w'][valid]}}
+  alone, _, _ = jax.jit(matfl.grouping(mode, 2, 0.5, sub_info).apply)(
+      ServerState(), ServerInputs(prev=sub, local=sub, num_examples=jnp.ones(4),
+                                  num_steps=jnp.ones(4, jnp.int32), client_ids=jnp.arange(4),
+                                  round=jnp.int32(0)))
+  got = np.asarray(new['encoder']['w'])
+  np.testing.assert_allclose(got[valid], alone['encoder']['w'], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(got[~valid], local['encoder']['w'][~valid])
+  assert not np.allclose(got[valid], local['encoder']['w'][valid])  # the rows were mixed
+
+
 def test_server_momentum_and_fedsta_follow_the_participants():
   """FedAvgM: m ← μm + (mean_P − θ) and θ ← θ + lr·m on every row (all rows hold the
   global model); FedSTA's shared body is the participants' mean."""

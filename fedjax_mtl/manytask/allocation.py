@@ -183,12 +183,12 @@ def split_by_label(labels: np.ndarray, num_clients: int, zeta_c: float | None, s
     return [part.astype(np.int64) for part in np.array_split(rng.permutation(n), k)]
   if zeta_c == 0:
     raise ConfigError('zeta_c must be > 0 (Dir(0) is undefined) or inf/None (IID), got 0')
-  classes = np.unique(labels)
+  members = [np.flatnonzero(labels == c) for c in np.unique(labels)]  # once, not per try
   for _ in range(max_tries):
     parts = [[] for _ in range(k)]
     sizes = np.zeros(k, np.int64)
-    for c in classes:
-      idx = rng.permutation(np.flatnonzero(labels == c))
+    for of_class in members:
+      idx = rng.permutation(of_class)
       q = rng.dirichlet(np.full(k, float(zeta_c)))
       below = sizes < n / k
       q = q * below
@@ -208,9 +208,11 @@ def split_by_label(labels: np.ndarray, num_clients: int, zeta_c: float | None, s
 def allocate(train_labels: Sequence[np.ndarray], num_clients: int, zeta_t: float | None,
              zeta_c: float | None, seed: int = 0, min_size: int = DEFAULT_MIN_SIZE,
              task_threshold: float = 1., assignment: np.ndarray | None = None,
-             names: Sequence[str] | None = None, fields: str = '') -> Allocation:
+             names: Sequence[str] | None = None, fields: str = '',
+             max_tries: int = 1000) -> Allocation:
   """Tasks to clients (Dir(zeta_t), or the given `assignment` A [N, T]), then each
-  task's training set to its clients (Dir(zeta_c)).
+  task's training set to its clients (Dir(zeta_c), at most `max_tries` draws a task:
+  `split_by_label`).
 
   `train_labels[t]` are task t's training labels; indices refer to that array.
   A split that fails names its task (`names[t]`, else its index) and the settings
@@ -233,7 +235,7 @@ def allocate(train_labels: Sequence[np.ndarray], num_clients: int, zeta_t: float
     holders = np.flatnonzero(a[:, t])
     try:
       parts = split_by_label(labels, len(holders), zeta_c, [int(seed), _SPLIT_STREAM, t],
-                             min_size, fields=fields)
+                             min_size, max_tries, fields=fields)
     except ConfigError as e:
       raise ConfigError(f'task {names[t] if names is not None else t}: {e}') from None
     for client, part in zip(holders, parts):
