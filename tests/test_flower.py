@@ -94,20 +94,19 @@ def many_config(algorithm: str):
   return cfg
 
 
-@pytest.mark.parametrize('algorithm,transport', [('fedavg', False), ('matu', True)])
-def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, transport, tmp_path):
+@pytest.mark.parametrize('algorithm', ['fedavg', 'matu'])
+def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, tmp_path):
   """One Flower node per many-task client: each trains its slots with the engine's
   per-slot trainer (same samples and keys, one slot at a time instead of one vmap),
   the server stacks the uploads in slot order and runs the engine's aggregation.
-  MaTU runs in Flower's simulation engine (the many-task messages through Ray's
-  transport); FedAvg's messages are computed in process (`simulate.in_process`, the
-  same contents without the transport)."""
+  The messages' contents are computed in process (`simulate.in_process`); Flower's
+  transport of them is the dense runs' (Ray: the first test; a deployment:
+  test_flower_deploy.py)."""
   from fedjax_mtl import train
   from fedjax_mtl.manytask import run as run_lib
   cfg = many_config(algorithm)
   wd = str(tmp_path / 'flower')
-  strategy = (simulate.simulate(cfg, wd, num_workers=2) if transport
-              else simulate.in_process(cfg, wd))
+  strategy = simulate.in_process(cfg, wd)
   want_out = train.train_and_evaluate(cfg, str(tmp_path / 'engine'))
   init = agreement.many_task_rows(run_lib.init_state(run_lib.build_run(cfg)))
   # A server that weighed the dummy slots in (every update shrunk by 5/8) fails the

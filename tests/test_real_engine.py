@@ -420,10 +420,22 @@ def test_participation_and_stragglers_on_the_streamed_feed(data_dir, tmp_path):
       want = full[j] & (np.cumsum(full[j]) <= keep)  # its first `keep` real steps
       np.testing.assert_array_equal(got[j], want)
   init = jax.device_get(experiment.init_state(exp))
-  state = train.train_and_evaluate(cfg, str(tmp_path))['state']
+  state = train.train_and_evaluate(cfg, str(tmp_path / 'engine'))['state']
   off = ~participation.Sampler(cfg, exp.fed).mask(1)
   for g, spec in enumerate(exp.fed.groups):
     rows = np.flatnonzero(off[np.asarray(spec.client_ids)])
     for a, b in zip(jax.tree.leaves(jax.device_get(state.groups[g].params)),
                     jax.tree.leaves(init.groups[g].params)):
       np.testing.assert_array_equal(np.asarray(a)[rows], np.asarray(b)[rows])
+  # Flower clients stream the same masked chunks (the round's participants only, each
+  # straggler its step share from the train message): the same steps, the same rows.
+  strategy = simulate.in_process(cfg, str(tmp_path / 'flower'))
+  roles = exp.algorithm.shared_roles
+  agreement.assert_agree(
+      agreement.flat_views(strategy.views),
+      agreement.model_rows(exp, [gs.params for gs in state.groups], roles),
+      agreement.model_rows(exp, [gs.params for gs in init.groups], roles),
+      exp.fed.num_clients, exp.fed.num_clients + 3)
+  steps = lambda wd: sorted((r['client'], r['task'], r['steps']) for r in read_jsonl(
+      str(tmp_path / wd / 'metrics.jsonl')) if r['type'] == 'train')
+  assert steps('flower') == steps('engine')

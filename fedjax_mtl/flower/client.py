@@ -116,9 +116,10 @@ class ClientRuntime:
     g, j = self.locate(client)
     spec = self.exp.fed.groups[g]
     chunks = self.chunks(client)
-    shares = [np.ones(s.num_total, np.float32) for s in self.exp.fed.groups]
-    shares[g][j] = share
-    chunks.step_shares = None if share == 1.0 else (lambda r: shares)
+    # The chunks hold the client's group alone (`chunks`): one array of shares.
+    shares = np.ones(spec.num_total, np.float32)
+    shares[j] = share
+    chunks.step_shares = None if share == 1.0 else (lambda r: [shares])
     step, finalize = self.chunk_program(g)
     start = jax.device_put(cs.params)
     cs, acc = jax.device_put(cs), jax.device_put(zero_accs(spec, 1))
