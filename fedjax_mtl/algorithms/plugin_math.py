@@ -438,7 +438,7 @@ def heal_terms(state: HealState, deltas: PyTree, tau: float = HEAL_TAU,
   """
   k = num_rows(deltas)
   on = jnp.ones((k,), bool) if valid is None else jnp.asarray(valid, bool)
-  count = jnp.broadcast_to(state.count, (k,))
+  count = state.count
   r = count.astype(jnp.float32)
   first = count == 0
 
@@ -461,7 +461,8 @@ def heal_terms(state: HealState, deltas: PyTree, tau: float = HEAL_TAU,
   share = jnp.where(total > 0, dist / jnp.where(total > 0, total, 1.0), 0.0)
   delta_w = jnp.where(on, (1.0 - beta) * state.delta + beta * share, state.delta)
   raw_w = jnp.where(on, state.weights + delta_w, state.weights)
-  p = jnp.where(on, raw_w, 0.) / jnp.sum(jnp.where(on, raw_w, 0.))
+  online = jnp.where(on, raw_w, 0.)
+  p = online / jnp.sum(online)
 
   def leaf_term(md, m):
     pk = _rows(p, m.ndim)

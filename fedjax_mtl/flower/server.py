@@ -192,12 +192,13 @@ class EngineStrategy(nodes.NodeStrategy):
     cut = lambda tree, r, c: jax.tree.map(lambda x: x[codec.row_slice(fed, r, c)], tree)
     quantized = compress.encoding(self.config) == 'quantize'
     bits = int(compress.QUANTIZE.of(self.config).bits) if quantized else 0
-    uploads, sent = [], []
+    uploads, sent = [], []  # sent: the decoded Q(Δ) rows, quantised runs only
     for c in range(fed.num_clients):
       like = {r: cut(v, r, c) for r, v in self.views.items()}
       if not on[c]:  # its upload: the rows it holds; nothing sent
         uploads.append(like)
-        sent.append(jax.tree.map(lambda x: np.zeros(x.shape, np.float32), like))
+        if quantized:
+          sent.append(jax.tree.map(lambda x: np.zeros(x.shape, np.float32), like))
         continue
       if quantized:  # Q(Δ) from the codes; the rule reads prev + Q(Δ) (`compress.quantize`)
         codes, scales = codec.read_quantized(got[c]['upload'], like, bits)
