@@ -1,9 +1,12 @@
 """The Flower adapter (fedjax_mtl/flower): the smoke FedHCA2 run in Flower's simulation
 engine (5 clients, 2 rounds, ClientApps in 2 Ray workers) aggregates the same
-parameters as the engine's own rounds (real data: tests/test_real_engine.py); so do a
+parameters as the engine's own rounds (real data: tests/test_real_engine.py); so do,
+in process (`simulate.in_process`: the messages' contents without the transport), a
 many-task FedAvg and a MaTU run (`test_manytask.tiny`: 6 clients, 4 tasks, half the
-clients a round); a client whose config differs refuses the run naming the fields;
-what the adapter cannot run is refused before Ray starts.
+clients a round) and a quantised, clipped and noised FedHCA2 run with participation
+and stragglers; a client whose config differs refuses the run naming the fields;
+what the adapter cannot run is refused before Ray starts (a deployment:
+tests/test_flower_deploy.py).
 """
 
 import copy
