@@ -189,16 +189,20 @@ class Sampler:
 # What runs with partial participation: bases whose server reads the participants
 # only (`rules.row_weights`: FedAvg's mean, FedNova, FedDyn's h over 1/m; FedHCA2's
 # rules over the participants, `hca2`; FedAMP's cloud models mixing participants;
-# FedSTA's shared body; MaT-FL's grouping of the participants' encoders, as in the
+# FedSTA's shared body; FedGA's weights moved by the gaps of returning participants;
+# MaT-FL's grouping of the participants' encoders, as in the
 # many-task setting; FedACG's and `momentum`'s server momentum, a global quantity
 # kept per row that every row follows; Local and the personal parts need nothing),
 # and wrappers that pass non-participants through (`pcgrad`: a client that sat out has
 # Δ = 0, which no projection involves, so the participants are projected off each
 # other only, in their order of the round's permutation; `heal`: FedHEAL over its
-# online clients, `plugin_math.heal_terms`).
+# online clients, `plugin_math.heal_terms`; `grouped`: each group's rule over the
+# group's participants, `rules.group_info`, except FedHCA2's, which gathers a fixed
+# number of participants a round while a group's number varies).
 SUPPORTED_BASES = ('local', 'fedavg', 'fedprox', 'fedper', 'fedbabu', 'ditto', 'fedbn', 'moon',
-                   'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg', 'matfl')
-SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum', 'pcgrad', 'heal')
+                   'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg', 'matfl', 'fedga')
+SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum', 'pcgrad', 'heal',
+                      'grouped')
 
 
 def check_supported(config, num_clients: int) -> None:
@@ -214,6 +218,11 @@ def check_supported(config, num_clients: int) -> None:
   if base not in SUPPORTED_BASES:
     raise ConfigError(f'participation={value!r}: {base!r} has no partial-participation rule '
                       'yet; valid algorithms: ' + ', '.join(SUPPORTED_BASES))
+  if 'grouped' in wrappers and base == 'hca2':
+    raise ConfigError(f'participation={value!r}: grouped(...) over hca2 has no '
+                      "partial-participation rule (a group's participants vary in number "
+                      'from round to round); valid: hca2 without grouped, or grouped over '
+                      + ', '.join(b for b in SUPPORTED_BASES if b != 'hca2'))
   bad = [w for w in wrappers if w not in SUPPORTED_WRAPPERS]
   if bad:
     raise ConfigError(f'participation={value!r}: the {bad[0]}(...) wrapper has no '

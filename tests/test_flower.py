@@ -1,8 +1,8 @@
-"""The Flower adapter (fedjax_mtl/flower): the smoke FedHCA2 run in Flower's simulation
-engine (5 clients, 2 rounds, ClientApps in 2 Ray workers) aggregates the same
-parameters as the engine's own rounds (real data: tests/test_real_engine.py); so do,
-in process (`simulate.in_process`: the messages' contents without the transport), a
-many-task FedAvg and a MaTU run (`test_manytask.tiny`: 6 clients, 4 tasks, half the
+"""The Flower adapter (fedjax_mtl/flower): the smoke FedHCA2 run's messages (5 clients,
+2 rounds, computed in process: `simulate.in_process`) aggregate the same parameters
+as the engine's own rounds (real data: tests/test_real_engine.py), and Flower's
+simulation engine (ClientApps in a Ray worker) carries the same messages on its
+2-client layout, equal to the bit; so do, in process, a many-task FedAvg and a MaTU run (`test_manytask.tiny`: 6 clients, 4 tasks, half the
 clients a round) and a quantised, clipped and noised FedHCA2 run with participation
 and stragglers; a client whose config differs refuses the run naming the fields;
 what the adapter cannot run is refused before Ray starts (a deployment:
@@ -32,8 +32,11 @@ def config():
 
 @pytest.fixture(scope='module')
 def flower_run(tmp_path_factory):
+  """The smoke FedHCA2 run's messages computed in process (`simulate.in_process`);
+  their transport through Flower's simulation engine is the Ray test's, through a
+  deployment test_flower_deploy.py's."""
   wd = str(tmp_path_factory.mktemp('flower') / 'wd')
-  return simulate.simulate(config(), wd, num_workers=2), wd
+  return simulate.in_process(config(), wd), wd
 
 
 def test_flower_rounds_aggregate_what_the_engine_aggregates(flower_run, reference_run):
@@ -77,6 +80,27 @@ def test_flower_rounds_aggregate_what_the_engine_aggregates(flower_run, referenc
   print(strategy.timing)
 
 
+def test_flowers_simulation_engine_runs_what_the_in_process_run_computes(tmp_path):
+  """`simulate.simulate`: the ServerApp here, the ClientApps in Ray workers, on the
+  2-client `mt_only` layout of the smoke config: the same rows, losses and bytes as
+  the in-process run's messages (one program per client in either place: equal to
+  the bit on a CPU)."""
+  from conftest import override
+  cfg = override(config(), scenario='mt_only')
+  ray = simulate.simulate(cfg, str(tmp_path / 'ray'), num_workers=1)
+  here = simulate.in_process(cfg, str(tmp_path / 'here'))
+  got, want = agreement.flat_views(ray.views), agreement.flat_views(here.views)
+  assert got.keys() == want.keys() and got
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  rows = lambda d: sorted((r['round'], r['type'], r.get('client'), r.get('loss'),
+                           r.get('up_bytes'), r.get('alpha'))
+                          for r in read_jsonl(str(tmp_path / d / 'metrics.jsonl'))
+                          if r['type'] in ('train', 'comm', 'agg'))
+  assert rows('ray') == rows('here')
+  assert [t['round'] for t in ray.timing] == [1, 2]
+
+
 def test_a_client_with_another_config_refuses_the_run_naming_the_fields(tmp_path):
   other = config()
   other.optim.lr = 5e-3
@@ -103,7 +127,7 @@ def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, tmp_path)
   per-slot trainer (same samples and keys, one slot at a time instead of one vmap),
   the server stacks the uploads in slot order and runs the engine's aggregation.
   The messages' contents are computed in process (`simulate.in_process`); Flower's
-  transport of them is the dense runs' (Ray: the first test; a deployment:
+  transport of them is the dense runs' (Ray: the simulation-engine test; a deployment:
   test_flower_deploy.py)."""
   from fedjax_mtl import train
   from fedjax_mtl.manytask import run as run_lib
@@ -177,8 +201,8 @@ def _ntk_plain():
     (lambda: _ntk_tuned(), r'ntkfedavg.tune_alpha is not supported by the Flower adapter'),
     (lambda: override(many_config('fedavg'), algorithm='hca2'),
      r"'hca2' does not run in the many-task setting"),
-    (lambda: tiny_config('fedga', participation=0.5),
-     r"'fedga' has no partial-participation rule yet"),
+    (lambda: tiny_config('grouped(hca2)', participation=0.5),
+     r'grouped\(...\) over hca2 has no partial-participation rule'),
 ])
 def test_what_the_adapter_cannot_run_is_refused_before_ray_starts(make, message):
   with pytest.raises(ConfigError, match=message):
@@ -233,7 +257,7 @@ def test_participation_stragglers_compression_and_dp_run_as_in_the_engine(
   the codes (the engine's codes: the same uniforms), and the server decodes them, clips
   and adds noise as the engine's does; the rows log the same steps, traffic per
   participant and privacy spent. Computed in process (`simulate.in_process`: the
-  messages' contents without Flower's transport; the transport is the first test's)."""
+  messages' contents without Flower's transport; the transport is the simulation-engine test's)."""
   algorithm = 'quantize(dp(hca2))'
   extra = {'participation': 0.6, 'stragglers': 0.5, 'dp.noise_multiplier': 0.5,
            'dp.noise': 'row', 'quantize.bits': 4, 'quantize.log_error': True}

@@ -109,6 +109,89 @@ def test_fedavg_fednova_and_feddyn_aggregate_the_participants_only(weighting):
       want[name] = np.asarray(new['encoder']['w'])
 
 
+def test_fedga_moves_the_weights_of_returning_participants_only():
+  """FedGA over 3 rounds of 4 clients: a gap is measured when a client takes part
+  again (the loss of the model it is sent now minus its last trained loss), the
+  others' gaps are 0, the mean is over the participants weighted by their a_k."""
+  import dataclasses
+  from fedjax_mtl.algorithms import fedga
+  from fedjax_mtl.algorithms.plugin_math import fedga_step
+  info = dataclasses.replace(_info(), num_participants=2)
+  server = fedga.server(info, step_size=0.2)
+  rng = np.random.default_rng(3)
+  valids = [np.array([True, True, False, False]), np.array([False, True, True, False]),
+            np.array([True, True, False, True])]
+  prev = {'encoder': {'w': np.broadcast_to(rng.normal(size=(2, 3)), (N, 2, 3))
+                      .astype(np.float32).copy()}}
+  state = server.init(prev)
+  a, last, seen = np.full(N, 0.25), np.zeros(N), np.zeros(N, bool)
+  for rnd, valid in enumerate(valids):
+    first = rng.uniform(1, 2, N).astype(np.float32)
+    end = rng.uniform(0, 1, N).astype(np.float32)
+    local = _round(np.random.default_rng(10 + rnd), prev, valid)
+    x = ServerInputs(prev=prev, local=local, num_examples=jnp.ones(N), num_steps=jnp.asarray(
+        2 * valid, jnp.int32), client_ids=jnp.arange(N), round=jnp.int32(rnd),
+        first_loss=jnp.asarray(first), last_loss=jnp.asarray(end), row_valid=jnp.asarray(valid))
+    new, state, logs = jax.jit(server.apply)(state, x)
+    # NumPy: FedDG-GA's update on the measured gaps only.
+    gaps = np.where(valid & seen, first - last, 0.)
+    if (valid & seen).any():
+      d = float(fedga_step(rnd - 1, info.num_rounds, 0.2))
+      a = np.clip(a + d / N * gaps / np.abs(gaps).max(), 0, 1)
+      a = a / a.sum()
+    w = a * valid / (a * valid).sum()
+    ref = np.tensordot(w, local['encoder']['w'], 1)
+    np.testing.assert_allclose(logs['fedga_weights'], a, rtol=1e-6)
+    np.testing.assert_allclose(new['encoder']['w'], np.broadcast_to(ref, (N, 2, 3)), rtol=1e-5,
+                               atol=1e-6)
+    last, seen = np.where(valid, end, last), seen | valid
+    prev = {'encoder': {'w': np.asarray(new['encoder']['w'])}}
+  assert not np.allclose(a, 0.25)  # rounds 2 and 3 measured gaps (clients 0, 1)
+  np.testing.assert_allclose(state.shared['last_loss'], last, rtol=1e-6)
+
+
+def test_grouped_rules_read_their_groups_participants():
+  """grouped(fedavg) by examples and grouped(fednova), groups {c0, c1} and {c2, c3}
+  (two datasets): each group's mean over its own participants, weighted by their
+  examples (FedNova: and normalised by their steps); a group with no participant
+  keeps its rows' starts as their mean (zero update)."""
+  import dataclasses
+  from fedjax_mtl.algorithms import get_algorithm
+  import ml_collections
+  keys = (('p', 't'), ('p', 't'), ('q', 't'), ('q', 't'))
+  info = dataclasses.replace(_info(), client_keys=keys, decoder_keys=keys, num_participants=2)
+  examples = np.array([10., 30., 20., 60.], np.float32)
+  steps = np.array([2, 4, 1, 3], np.int32)
+  cfg = ml_collections.ConfigDict({'fedavg': {'weighting': 'examples'},
+                                   'grouped': {'by': 'dataset'}})
+  rng = np.random.default_rng(4)
+  starts = rng.normal(size=(2, 3)).astype(np.float32)  # one start per group
+  prev = {'encoder': {'w': starts[[0, 0, 1, 1]]}}
+  for valid in (np.array([True, True, False, True]), np.array([False, False, True, True])):
+    local = _round(rng, prev, valid)
+    x = ServerInputs(prev=prev, local=local, num_examples=jnp.asarray(examples),
+                     num_steps=jnp.asarray(steps * valid), client_ids=jnp.arange(N),
+                     round=jnp.int32(0), row_valid=jnp.asarray(valid))
+    for spec in ('grouped(fedavg)', 'grouped(fednova)'):
+      server = get_algorithm(spec, info, cfg).server
+      new, _, _ = jax.jit(server.apply)(server.init(prev), x)
+      for g in ([0, 1], [2, 3]):
+        on = [c for c in g if valid[c]]
+        if not on:
+          np.testing.assert_array_equal(np.asarray(new['encoder']['w'])[g],
+                                        prev['encoder']['w'][g])
+          continue
+        d = local['encoder']['w'][on] - prev['encoder']['w'][on]
+        w = examples[on] / examples[on].sum()
+        upd = np.tensordot(w, d, 1)
+        if spec == 'grouped(fednova)':  # τ_eff Σ w_k Δ_k / τ_k
+          upd = np.sum(w * steps[on]) * np.tensordot(w / steps[on], d, 1)
+        np.testing.assert_allclose(np.asarray(new['encoder']['w'])[g],
+                                   np.broadcast_to(prev['encoder']['w'][g[0]] + upd, (2, 3)),
+                                   rtol=1e-5, atol=1e-6)
+    prev = {'encoder': {'w': np.asarray(new['encoder']['w'])}}
+
+
 def test_pcgrad_projects_the_participants_off_each_other_only():
   """pcgrad(mean) with two of four clients sitting out: each participant's update is
   projected (NumPy PCGrad) off the other participants' updates it conflicts with, in
@@ -307,9 +390,9 @@ def test_resume_draws_the_same_clients_and_matches(tmp_path):
     ({'participation': 0.0}, 'participation=0.0 is out of range'),
     ({'participation': 7}, r'participation=7(\.0)? is out of range; valid: a fraction in \(0, 1\] or '
                            'a number of clients from 2 to 5'),
-    ({'participation': 0.5, 'algorithm': 'fedga'}, "'fedga' has no partial-participation"),
-    ({'participation': 0.5, 'algorithm': 'grouped(fedavg)'},
-     r'the grouped\(...\) wrapper has no partial-participation rule'),
+    ({'participation': 0.5, 'algorithm': 'ntkfedavg'}, "'ntkfedavg' has no partial-participation"),
+    ({'participation': 0.5, 'algorithm': 'grouped(hca2)'},
+     r'grouped\(...\) over hca2 has no partial-participation rule'),
     ({'participation_weighting': 'size'}, 'participation_weighting'),
     ({'stragglers': 1.0}, 'stragglers'),
     ({'straggler_steps': 0.0}, 'straggler_steps'),

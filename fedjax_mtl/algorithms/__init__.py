@@ -134,12 +134,16 @@ def _heal(alg: Algorithm, info: FedInfo, config) -> Server:
   return enhance.heal(alg.server, info, fedavg.weighting(config), cfg.tau, cfg.beta)
 
 
-def _grouped(alg: Algorithm, info: FedInfo, config) -> Server:
+def _grouped(alg: Algorithm, info: FedInfo, config,
+             build: Callable[[FedInfo], Server] | None = None) -> Server:
+  """`build(group_info)`: the wrapped composition on one group's federation
+  (`get_algorithm` passes it; without it every group runs `alg.server`, which
+  suits rules that read no per-client facts)."""
   cfg = GROUPED.of(config)
   keys = {'encoder': [info.client_keys[c][cfg.by == 'task'] for c in range(info.num_clients)],
           'decoder': [info.decoder_keys[k][cfg.by == 'task'] for k in range(info.num_decoders)]}
   ids = {r: [sorted(set(v)).index(x) for x in v] for r, v in keys.items()}
-  return rules.grouped(alg.server, ids)
+  return rules.grouped(build or (lambda sub: alg.server), info, ids)
 
 
 # Wrappers: (algorithm, info, config) -> the wrapped server. The client part is kept.
@@ -236,6 +240,27 @@ def check_unified(spec: str, base: str, info: FedInfo, mode: str) -> None:
                       f'each, e.g. scenario nyud_st or pascal_st), but {what}')
 
 
+def _compose(spec: str, names: list[str], info: FedInfo, config) -> Algorithm:
+  """The base `names[-1]` built on `info`, then its wrappers, innermost first;
+  `grouped` builds what it wraps again on each group's federation."""
+  *wrappers, base = names
+  alg = ALGORITHMS[base].build(info, config)
+  for i in reversed(range(len(wrappers))):
+    w = wrappers[i]
+    if not alg.shared_roles:
+      raise ConfigError(f'algorithm {spec!r}: {w}() wraps a server rule, but {alg.name!r} '
+                        'shares no parameters; wrap an algorithm that aggregates, e.g. '
+                        f'{w}(fedavg)')
+    if w == 'grouped':
+      inner = names[i + 1:]
+      server = _grouped(alg, info, config,
+                        lambda sub, inner=inner: _compose(spec, inner, sub, config).server)
+    else:
+      server = WRAPPERS[w](alg, info, config)
+    alg = dataclasses.replace(alg, name=f'{w}({alg.name})', server=server)
+  return alg
+
+
 def get_algorithm(spec: str, info: FedInfo, config=None) -> Algorithm:
   """The algorithm `spec` (a name or a composition), with clear errors.
 
@@ -247,14 +272,7 @@ def get_algorithm(spec: str, info: FedInfo, config=None) -> Algorithm:
   mode = unified_mode(config)
   check_unified(spec, base, info, mode)
   inner = rules.unified_info(info) if mode == 'literal' else info
-  alg = ALGORITHMS[base].build(inner, config)
-  for w in reversed(wrappers):
-    if not alg.shared_roles:
-      raise ConfigError(f'algorithm {spec!r}: {w}() wraps a server rule, but {alg.name!r} '
-                        'shares no parameters; wrap an algorithm that aggregates, e.g. '
-                        f'{w}(fedavg)')
-    alg = dataclasses.replace(alg, name=f'{w}({alg.name})',
-                              server=WRAPPERS[w](alg, inner, config))
+  alg = _compose(spec, [*wrappers, base], inner, config)
   if mode == 'literal':
     alg = dataclasses.replace(alg, server=rules.unified(alg.server, info))
   if alg.outermost is not None:  # on the engine's rows (after `unified`)

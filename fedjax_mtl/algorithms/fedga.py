@@ -15,6 +15,15 @@ this round (its trained model one step before the end, on one batch); the gap
 of round r is therefore applied when round r + 1 is aggregated, which is when
 the reference uses it. Single-batch estimates are noisier than the reference's
 full passes. Under `dea(fedga)` the weighted mean reads the masked uploads.
+
+Partial participation (`ServerInputs.row_valid`): client k's gap is measured when it
+takes part again, G_k = L_k(the model it is sent now) − L_k(its model at the end of
+its last round), and is 0 for the clients that sat the round out and for a first
+participation (no model of its own yet), so only the participants' weights move
+(the step and max_j |G_j| over the gaps measured this round; all weights are then
+renormalised). The mean is over the participants, weighted by their a_k
+renormalised over them; every row gets it, as FedAvg's. A client's stored last loss
+changes only when it trains. With every client each round this is the rule above.
 """
 
 import jax.numpy as jnp
@@ -39,22 +48,39 @@ def default_config() -> ml_collections.ConfigDict:
 def server(info: FedInfo, step_size: float) -> Server:
   """FedDG-GA's weight update and weighted mean; state: the weights, the last losses."""
   n = info.num_clients
+  partial = info.num_participants > 0
 
   def init(views):
-    return ServerState(shared={'weights': jnp.full((n,), 1.0 / n, jnp.float32),
-                               'last_loss': jnp.zeros((n,), jnp.float32)})
+    shared = {'weights': jnp.full((n,), 1.0 / n, jnp.float32),
+              'last_loss': jnp.zeros((n,), jnp.float32)}
+    if partial:  # which clients hold a last loss (have trained at least once)
+      shared['seen'] = jnp.zeros((n,), jnp.bool_)
+    return ServerState(shared=shared)
 
   def apply(state: ServerState, x: ServerInputs):
-    gaps = x.first_loss - state.shared['last_loss']
+    st = state.shared
+    last = x.last_loss.astype(jnp.float32)
+    if partial and x.row_valid is not None:
+      valid = x.row_valid
+      measured = valid & st['seen']
+      gaps = jnp.where(measured, x.first_loss - st['last_loss'], 0.)
+      moved = jnp.any(measured)
+      last = jnp.where(valid, last, st['last_loss'])
+      seen = {'seen': st['seen'] | valid}
+    else:
+      valid, seen = None, {}
+      gaps = x.first_loss - st['last_loss']
+      moved = x.round > 0
     step = plugin_math.fedga_step(jnp.maximum(x.round - 1, 0), info.num_rounds, step_size)
-    updated = plugin_math.fedga_weights(state.shared['weights'], gaps, step)
-    weights = jnp.where(x.round > 0, updated, state.shared['weights'])
+    updated = plugin_math.fedga_weights(st['weights'], gaps, step)
+    weights = jnp.where(moved, updated, st['weights'])
     out = {}
     for role, local in x.local.items():
-      w = weights[jnp.asarray(info.row_client(role))]
+      owners = jnp.asarray(info.row_client(role))
+      w = weights[owners] if valid is None else jnp.where(valid[owners], weights[owners], 0.)
       out[role] = broadcast_rows(tree_mean(local, w / jnp.sum(w)), local)
-    shared = {'weights': weights, 'last_loss': x.last_loss.astype(jnp.float32)}
-    logs = {'fedga_weights': weights, 'fedga_gaps': jnp.where(x.round > 0, gaps, 0.)}
+    shared = {'weights': weights, 'last_loss': last, **seen}
+    logs = {'fedga_weights': weights, 'fedga_gaps': jnp.where(moved, gaps, 0.)}
     return out, ServerState(shared=shared, rows=state.rows), logs
 
   return Server(init=init, apply=apply, blocks=True)

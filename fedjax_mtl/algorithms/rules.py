@@ -316,17 +316,54 @@ def unified(rule: Server, info: FedInfo) -> Server:
   return Server(init=init, apply=apply)
 
 
-def grouped(rule: Server, row_groups: Mapping[str, Sequence[int]]) -> Server:
-  """`rule` applied separately within each group of rows (static group ids per
-  role's row, e.g. per dataset); per-row server state follows its rows."""
+def group_info(info: FedInfo, role: str, rows: Sequence[int]) -> FedInfo:
+  """The federation a rule sees inside one group of `role`'s rows (`grouped`): every
+  row is a client of its own (its owner's examples, steps, losses and participation),
+  so a rule that reads per-client facts (weights by examples, FedNova's steps, the
+  round's participants) reads its owner's. Decoder rows are named and keyed by their
+  task decoder, the others by their owner client."""
+  rows = [int(i) for i in rows]
+  owners = [info.row_client(role)[i] for i in rows]
+  if role == 'decoder':
+    names = tuple(info.decoder_names[i] for i in rows)
+    keys = tuple(info.decoder_keys[i] for i in rows) if info.decoder_keys else ()
+  else:
+    names = tuple(info.client_names[c] for c in owners)
+    keys = tuple(info.client_keys[c] for c in owners) if info.client_keys else ()
+  homo = [0]
+  for a, b in zip(keys[:-1], keys[1:]) if keys else ():
+    homo.append(homo[-1] + (a != b))
+  n = len(rows)
+  return dataclasses.replace(
+      info, num_clients=n, num_decoders=n, decoder_client=tuple(range(n)), decoder_names=names,
+      client_names=names, homo_groups=tuple(homo) if keys else tuple(range(n)),
+      client_keys=keys, decoder_keys=keys,
+      num_participants=min(n, info.num_participants))
+
+
+# Per-client [N] fields of `ServerInputs` that `grouped` re-indexes by its rows' owners.
+_PER_CLIENT = ('num_examples', 'num_steps', 'client_ids', 'first_loss', 'last_loss',
+               'row_valid')
+
+
+def grouped(build: Callable[[FedInfo], Server], info: FedInfo,
+            row_groups: Mapping[str, Sequence[int]]) -> Server:
+  """A rule applied separately within each group of rows (static group ids per
+  role's row, e.g. per dataset): `build(group_info(...))` gives the rule of one
+  group of one role, which sees that group's rows as its federation (every row a
+  client, with its owner's per-client inputs; under partial participation, the
+  group's participants, and a group none of whose clients took part keeps its rows
+  and its state). Per-row server state follows its rows."""
   def groups_of(role):
     ids = np.asarray(row_groups[role])
     return [np.flatnonzero(ids == g) for g in np.unique(ids)]
 
+  rules_of = {r: [build(group_info(info, r, idx)) for idx in groups_of(r)] for r in row_groups}
   take = lambda t, idx: jax.tree.map(lambda v: v[jnp.asarray(idx)], t)
 
   def init(views: Views) -> ServerState:
-    states = {r: [rule.init({r: take(v, idx)}) for idx in groups_of(r)] for r, v in views.items()}
+    states = {r: [rule.init({r: take(v, idx)}) for rule, idx in zip(rules_of[r], groups_of(r))]
+              for r, v in views.items()}
     return ServerState(shared={r: [s.shared for s in ss] for r, ss in states.items()},
                        rows={r: _cat_rows([s.rows.get(r, {}) for s in ss], groups_of(r))
                              for r, ss in states.items()})
@@ -335,10 +372,20 @@ def grouped(rule: Server, row_groups: Mapping[str, Sequence[int]]) -> Server:
     out, shared, rows, logs = {}, {}, {}, {}
     for r in x.local:
       parts, sh, rw = [], [], []
-      for gi, idx in enumerate(groups_of(r)):
-        sub = x._replace(prev={r: take(x.prev[r], idx)}, local={r: take(x.local[r], idx)})
+      owners = np.asarray(info.row_client(r))
+      for gi, (rule, idx) in enumerate(zip(rules_of[r], groups_of(r))):
+        per_client = {k: None if getattr(x, k) is None else getattr(x, k)[owners[idx]]
+                      for k in _PER_CLIENT}
+        sub = x._replace(prev={r: take(x.prev[r], idx)}, local={r: take(x.local[r], idx)},
+                         encoded=None if x.encoded is None else {r: take(x.encoded[r], idx)},
+                         **per_client)
         st = ServerState(state.shared[r][gi], {r: take(state.rows.get(r, {}), idx)})
-        new, st, lg = rule.apply(st, sub)
+        new, st_new, lg = rule.apply(st, sub)
+        if sub.row_valid is not None:  # a group none of whose clients took part: as is
+          anyone = jnp.any(sub.row_valid)
+          keep = lambda a, b: jax.tree.map(lambda u, v: jnp.where(anyone, u, v), a, b)
+          new, st_new = {r: keep(new[r], sub.prev[r])}, keep(st_new, st)
+        st = st_new
         parts.append(new[r])
         sh.append(st.shared)
         rw.append(st.rows.get(r, {}))

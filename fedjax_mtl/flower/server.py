@@ -164,11 +164,17 @@ class EngineStrategy(nodes.NodeStrategy):
     t0 = time.perf_counter()
     on = self.participants(server_round)
     msgs = self._messages(server_round, MessageType.TRAIN, on)
-    # Array bytes each client receives (0 for a client that sits the round out).
+    self.note_sent(t0, on, msgs)
+    return self.sending(msgs)
+
+  def note_sent(self, t0: float, on: np.ndarray, msgs: list) -> None:
+    """The array bytes each client receives this round (0 for a client that sits it
+    out; `msgs`: the participants' messages or contents, in client order), for the
+    round's 'comm' row, and when sending started."""
+    import time
     down = np.zeros(len(on), np.int64)
     down[np.flatnonzero(on)] = [nodes.nbytes(m) for m in msgs]
     self._sent = (t0, time.perf_counter(), down.tolist())
-    return self.sending(msgs)
 
   def aggregate_train(self, server_round: int,
                       replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

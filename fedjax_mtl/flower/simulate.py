@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import numpy as np
 
@@ -117,9 +118,12 @@ def _dense_in_process(config):
   n = strategy.exp.fed.num_clients
   kept = {c: None for c in range(n)}
   for rnd in range(1, config.num_rounds + 1):
+    t0, on = time.perf_counter(), strategy.participants(rnd)
+    contents = {c: strategy.client_content(c, rnd) for c in np.flatnonzero(on).tolist()}
+    strategy.note_sent(t0, on, list(contents.values()))
     replies = {}
-    for c in np.flatnonzero(strategy.participants(rnd)).tolist():
-      kept[c], replies[c] = client.train_reply(rt, c, kept[c], strategy.client_content(c, rnd))
+    for c, content in contents.items():
+      kept[c], replies[c] = client.train_reply(rt, c, kept[c], content)
     strategy.aggregate(rnd, replies)
     if strategy.evaluates(rnd):
       strategy.collect_eval(rnd, {c: client.evaluate_reply(rt, c, kept[c],
