@@ -79,7 +79,9 @@ def _row_sq_norms(prev: PyTree, local: PyTree) -> jax.Array:
     if not ll:
       continue
     rows = ll[0].shape[0]
-    diffs = [_flat(b, rows) - _flat(a, rows) for a, b in zip(pl, ll)]
+    # prev − local (the same squares as local − prev): a subtraction of its own, which
+    # XLA:CPU fuses into the norm, where one shared with `_privatise` is written out.
+    diffs = [_flat(a, rows) - _flat(b, rows) for a, b in zip(pl, ll)]
     out.append(sum(jnp.einsum('ri,ri->r', d, d, precision=jax.lax.Precision.HIGHEST)
                    for d in diffs))
   return jnp.concatenate(out) if out else jnp.zeros((0,), jnp.float32)
