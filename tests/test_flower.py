@@ -2,11 +2,12 @@
 2 rounds, computed in process: `simulate.in_process`) aggregate the same parameters
 as the engine's own rounds (real data: tests/test_real_engine.py), and Flower's
 simulation engine (ClientApps in a Ray worker) carries the same messages on its
-2-client layout, equal to the bit; so do, in process, a many-task FedAvg and a MaTU run (`test_manytask.tiny`: 6 clients, 4 tasks, half the
-clients a round) and a quantised, clipped and noised FedHCA2 run with participation
-and stragglers; a client whose config differs refuses the run naming the fields;
-what the adapter cannot run is refused before Ray starts (a deployment:
-tests/test_flower_deploy.py).
+2-client layout, equal to the bit; so do, in process, a many-task FedAvg and a MaTU
+run (`test_manytask.tiny`: 6 clients, 4 tasks, half the clients a round), a
+quantised, clipped and noised FedHCA2 run with participation and stragglers, and a
+FedHCA2 run whose clients sparsify their own updates; a client whose config differs
+refuses the run naming the fields; what the adapter cannot run is refused before
+Ray starts (a deployment: tests/test_flower_deploy.py).
 """
 
 import copy
@@ -292,6 +293,44 @@ def test_participation_stragglers_compression_and_dp_run_as_in_the_engine(
   assert agg(rows, 'dp_epsilon')[-1] > 0
   np.testing.assert_allclose(agg(rows, 'quant_rel_error'), agg(want, 'quant_rel_error'),
                              rtol=1e-3, atol=1e-6)
+
+
+def test_clients_sparsify_their_own_updates_and_keep_their_residuals(tmp_path):
+  """`sparsify(hca2)` over 3 rounds with 3 of 5 clients a round: each client sends the
+  top 5 % of Δ + e with their positions and keeps e itself (`compress.encode_sparse`),
+  and the server adds what it receives: the rows the engine's run makes (error
+  feedback over rounds included: a residual dropped or kept at the server fails the
+  bound), the clients' kept shares and residual norms as the engine logs them, and
+  uploads of about the engine's account (values and positions), well below dense."""
+  cfg = tiny_config('sparsify(hca2)', num_rounds=3, checkpoint_every=3, participation=0.6,
+                    **agreement.SGD, **{'sparsify.fraction': 0.05})
+  strategy = simulate.in_process(cfg, str(tmp_path / 'flower'))
+  ref = agreement.run_reference(cfg, str(tmp_path / 'engine'))
+  roles = ref.exp.algorithm.shared_roles
+  got, want, init = (agreement.flat_views(strategy.views), agreement.select(ref.final, roles),
+                     agreement.select(ref.init, roles))
+  print(agreement.assert_agree(got, want, init, 5, 8))
+  # The server keeps no residual of its own; what it sends down has none.
+  assert all(not np.any(x) for r in strategy.rows.values()
+             for x in jax.tree.leaves(r['residual']))
+  assert 'residual' not in str(list(strategy.client_content(0, 1)['server_rows'].keys()))
+  rows = read_jsonl(str(tmp_path / 'flower' / 'metrics.jsonl'))
+  want = read_jsonl(os.path.join(ref.workdir, 'metrics.jsonl'))
+  agg = lambda rs, k: np.asarray([r[k] for r in rs if r['type'] == 'agg'])
+  on = agg(want, 'sparse_kept') > 0
+  assert on.sum() == 9  # 3 clients a round
+  np.testing.assert_allclose(agg(rows, 'sparse_kept')[on], agg(want, 'sparse_kept')[on],
+                             rtol=1e-6)
+  np.testing.assert_allclose(agg(rows, 'sparse_residual_norm')[on],
+                             agg(want, 'sparse_residual_norm')[on], rtol=1e-3)
+  comm = lambda rs: [np.asarray(r['up_bytes']) for r in rs if r['type'] == 'comm']
+  dense = comm_lib.account(ref.exp, override(copy.deepcopy(cfg), algorithm='fedavg')).up
+  for got_up, want_up in zip(comm(rows), comm(want)):
+    sent = want_up > 0
+    assert ((got_up > 0) == sent).all()
+    # values + positions (+ .npy headers, two arrays a leaf) against the account
+    assert (np.abs(got_up[sent] - want_up[sent]) <= 0.1 * want_up[sent] + 20_000).all()
+    assert (got_up[sent] < 0.2 * dense[sent]).all()
 
 
 def test_an_error_the_superlink_writes_for_a_lost_node_names_its_client():

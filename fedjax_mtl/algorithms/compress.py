@@ -240,12 +240,13 @@ def quantize(rule: Server, info: FedInfo, bits: int, seed: int = 0,
 
 def encoding(config) -> str | None:
   """The compression a client applies to its own upload before sending it (a Flower
-  deployment): 'quantize' when it is the algorithm's outermost wrapper (the first to
-  see the uploads, so what the clients send is what it would make of them), else None
-  (any compression wrapper then runs at the server on the full uploads)."""
+  deployment): 'quantize' or 'sparsify' when it is the algorithm's outermost wrapper
+  (the first to see the uploads, so what the clients send is what it would make of
+  them), else None (a compression wrapper further in then runs at the server on the
+  full uploads)."""
   from fedjax_mtl import algorithms  # (the registry imports this module)
   wrappers = algorithms.parse(str(config.algorithm))[:-1]
-  return 'quantize' if wrappers and wrappers[0] == 'quantize' else None
+  return wrappers[0] if wrappers and wrappers[0] in ('quantize', 'sparsify') else None
 
 
 def encode_quantized(prev: PyTree, up: PyTree, role: str, lo: int, rnd, seed: int,
@@ -337,6 +338,9 @@ def sparsify(rule: Server, info: FedInfo, fraction: float) -> Server:
   fraction = 1 is the base rule bit for bit (e stays 0).
   Logs (fraction < 1), per client [num_clients]: `sparse_kept` (sent entries / d) and
   `sparse_residual_norm` ‖e‖ after the round.
+  With `ServerInputs.encoded` the clients sparsified their own updates and keep their
+  residuals (`encode_sparse`, a Flower deployment): the rule reads prev + it, the
+  residual rows here stay 0, and the logs are the clients' to report.
   """
   check_fraction(fraction)
   row_client = {r: info.row_client(r) for r in ('encoder', 'decoder', 'head')}
@@ -357,6 +361,12 @@ def sparsify(rule: Server, info: FedInfo, fraction: float) -> Server:
     split = {r: _split_rows(state.rows[r], x.local[r]) for r in x.local}
     inner = ServerState(state.shared, {r: v[0] for r, v in split.items()})
     resid = {r: v[1] for r, v in split.items()}
+    if x.encoded is not None:  # the clients sent sparse(u) and keep e (`encode_sparse`)
+      local = {r: _upload(x.prev[r], x.encoded[r], x.local[r], _valid_rows(info, r, x))
+               for r in x.local}
+      new, st, logs = rule.apply(inner, x._replace(local=local, encoded=None))
+      return new, ServerState(st.shared, {r: _join_rows(st.rows.get(r, {}), resid[r])
+                                          for r in x.local}), logs
     if fraction == 1:  # everything sent: the uploads as they are, e stays 0
       new, st, logs = rule.apply(inner, x)
       return new, ServerState(st.shared, {r: _join_rows(st.rows.get(r, {}), resid[r])
@@ -385,6 +395,24 @@ def sparsify(rule: Server, info: FedInfo, fraction: float) -> Server:
                                                'sparse_residual_norm': resid_norm}
 
   return Server(init=init, apply=apply, blocks=rule.blocks)
+
+
+def encode_sparse(prev: Views, up: Views, residual: Views,
+                  fraction: float) -> tuple[Views, Views, jax.Array, jax.Array]:
+  """One client's top-k upload with error feedback, as `sparsify` makes it (a Flower
+  client, `encoding` 'sparsify'): `prev` the rows it was sent, `up` its trained rows,
+  `residual` its e (role -> one tree each, its rows). Returns (sent: u on the kept
+  entries and 0 elsewhere, the new residual u − sent, entries kept, ‖e‖²), with
+  u = Δ + e and the mask `topk.top_rho_mask` of u over the client's whole update."""
+  u = {r: jax.tree.map(lambda a, b, e: b.astype(jnp.float32) - a.astype(jnp.float32) + e,
+                       prev[r], up[r], residual[r]) for r in up}
+  mask = topk.top_rho_mask(u, {r: [0] * jax.tree.leaves(v)[0].shape[0] for r, v in u.items()},
+                           1, fraction, 'top', None, jnp.int32)
+  sent = {r: jax.tree.map(lambda v, m: jnp.where(m != 0, v, 0.), u[r], mask[r]) for r in u}
+  new = {r: jax.tree.map(jnp.subtract, u[r], sent[r]) for r in u}
+  kept = sum(jnp.sum(m) for m in jax.tree.leaves(mask))
+  norm = sum(jnp.sum(jnp.square(e)) for e in jax.tree.leaves(new))
+  return sent, new, kept, norm
 
 
 def kept_count(values: np.ndarray, fraction: float) -> np.ndarray:

@@ -60,6 +60,7 @@ class ClientRuntime:
     self._chunks: dict[int, Any] = {}
     self._tests: dict[str, Any] = {}
     self._quantizers: dict[int, Any] = {}
+    self._sparsifier = None
     self.threads = int(config.data.get('threads', 2))
 
   def locate(self, client: int) -> tuple[int, int]:
@@ -219,6 +220,21 @@ class ClientRuntime:
       self._quantizers[client] = jax.jit(run)
     return self._quantizers[client]
 
+  def sparsifier(self):
+    """Jitted `(rows sent, rows trained, residual) -> (sparse(u), new residual, entries
+    kept, ‖e‖²)` over the client's shared roles (`compress.encode_sparse`)."""
+    if self._sparsifier is None:
+      fraction = float(compress.SPARSIFY.of(self.config).fraction)
+      self._sparsifier = jax.jit(lambda prev, up, e: compress.encode_sparse(prev, up, e,
+                                                                             fraction))
+    return self._sparsifier
+
+  def zero_residual(self, client: int) -> dict:
+    """The client's error-feedback residual before its first round: zeros (float32)
+    shaped like its shared rows."""
+    return jax.tree.map(lambda x: np.zeros(x.shape, np.float32),
+                        self.pieces(client, self.initial_state(client).params))
+
   def evaluate(self, client: int, cs: GroupState, rnd: int | None = None) -> list[dict]:
     """Metric rows (client, dataset, task, metric, value) of the client's model on
     its dataset's test split in round `rnd` (odsF from the same forward passes where
@@ -282,14 +298,31 @@ def partition_id(context: Context) -> int:
   return int(context.node_config['partition-id'])
 
 
+def _kept_like(rt: ClientRuntime, client: int, like: GroupState):
+  """What a node keeps between rounds: its state without the server's rows, and under
+  a client-side `sparsify` its error-feedback residual too."""
+  state = like.replace(server_rows=())
+  if compress.encoding(rt.config) == 'sparsify':
+    return {'state': state, 'residual': rt.zero_residual(client)}
+  return state
+
+
 def stored_state(rt: ClientRuntime, client: int, kept) -> GroupState:
   """The client's state from what its node kept (`Context.state`'s record, or None
   before its first round: the round-0 state)."""
   like = rt.initial_state(client)
   if kept is None:
     return like
-  return codec.from_record(kept, like.replace(server_rows=())).replace(
+  got = codec.from_record(kept, _kept_like(rt, client, like))
+  return (got['state'] if isinstance(got, dict) else got).replace(
       server_rows=like.server_rows)
+
+
+def stored_residual(rt: ClientRuntime, client: int, kept) -> dict:
+  """The client's error-feedback residual (client-side `sparsify`) from what it kept."""
+  if kept is None:
+    return rt.zero_residual(client)
+  return codec.from_record(kept, _kept_like(rt, client, rt.initial_state(client)))['residual']
 
 
 def _with_server_rows(rt: ClientRuntime, client: int, cs: GroupState,
@@ -305,9 +338,13 @@ def _with_server_rows(rt: ClientRuntime, client: int, cs: GroupState,
     params = merge_view(params, codec.group_piece(sent[r], r))
   server_rows = cs.server_rows
   if jax.tree.leaves(server_rows):
-    like_rows = {r: codec.client_piece(v, r) for r, v in server_rows.items()}
+    sent_rows = codec.sent_server_rows(server_rows, compress.encoding(rt.config))
+    like_rows = {r: codec.client_piece(v, r) for r, v in sent_rows.items()}
     got = codec.from_record(content['server_rows'], like_rows)
-    server_rows = {r: codec.group_piece(v, r) for r, v in got.items()}
+    got = {r: codec.group_piece(v, r) for r, v in got.items()}
+    # Rows the server does not send (a client-side sparsify's residual): as they were.
+    server_rows = {r: {**v, **got[r]} if isinstance(v, dict) else got[r]
+                   for r, v in server_rows.items()}
   return cs.replace(params=params, server_rows=server_rows)
 
 
@@ -320,12 +357,19 @@ def train_reply(rt: ClientRuntime, client: int, kept, content: RecordDict):
   trained, pieces, m = rt.train(client, cs, rnd, share)
   m = jax.device_get(m)
   spec = rt.exp.fed.groups[rt.locate(client)[0]]
-  extra = {}
-  if compress.encoding(rt.config) == 'quantize':  # sent as codes: `quantize` at the client
+  extra, residual = {}, None
+  encoding = compress.encoding(rt.config)
+  if encoding == 'quantize':  # sent as codes: `quantize` at the client
     codes, scales, err, norm = jax.device_get(rt.quantizer(client)(
         rt.pieces(client, cs.params), pieces, jnp.int32(rnd - 1)))
     upload = codec.quantized_record(codes, scales, rt.bits)
     extra = {'quant_err': float(err), 'quant_norm': float(norm)}
+  elif encoding == 'sparsify':  # top-k of Δ + e sent, e kept here: `sparsify` at the client
+    sent, residual, kept_n, resid_sq = jax.device_get(rt.sparsifier()(
+        rt.pieces(client, cs.params), pieces, stored_residual(rt, client, kept)))
+    upload = codec.sparse_record({r: jax.tree.leaves(v) for r, v in sent.items()})
+    extra = {'sparse_kept_count': int(kept_n), 'sparse_resid_sq': float(resid_sq),
+             'sparse_values': int(sum(np.size(x) for x in jax.tree.leaves(sent)))}
   else:
     upload = codec.to_record(jax.device_get(pieces))
   seconds = time.perf_counter() - t0  # the server's rows decoded, the local round
@@ -336,7 +380,9 @@ def train_reply(rt: ClientRuntime, client: int, kept, content: RecordDict):
       'loss': [float(x) for x in np.asarray(m['loss'][0])][:spec.num_slots], **extra})
   reply = RecordDict({'upload': upload, 'metrics': metrics,
                       'client': ConfigRecord({'client': client})})
-  return codec.to_record(jax.device_get(trained.replace(server_rows=()))), reply
+  state = jax.device_get(trained.replace(server_rows=()))
+  keep = state if residual is None else {'state': state, 'residual': residual}
+  return codec.to_record(keep), reply
 
 
 def evaluate_reply(rt: ClientRuntime, client: int, kept, content: RecordDict) -> RecordDict:

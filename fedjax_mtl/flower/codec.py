@@ -137,3 +137,58 @@ def read_quantized(record: ArrayRecord, like: dict[str, PyTree],
                          .reshape(rows, -1))
       scales[role].append(record[f'{role}/{i}/scales'].numpy().reshape(rows, 1))
   return codes, scales
+
+
+def sparse_record(sent: dict[str, list]) -> ArrayRecord:
+  """A client's top-k upload (role -> its leaves' sparse(u), [rows, ...] float32 with
+  zeros off the mask) as the arrays it sends: per leaf the kept values (float32) and
+  their positions, as a bitmap (one bit per entry) or as int32 indices, whichever is
+  smaller over the client's whole update (`compress.position_bits`). An entry kept
+  at the value 0 is not told apart from one not kept; either way the server adds 0."""
+  flats = {r: [np.asarray(x, np.float32).reshape(-1) for x in leaves]
+           for r, leaves in sent.items()}
+  d = sum(f.size for fs in flats.values() for f in fs)
+  k = sum(int(np.count_nonzero(f)) for fs in flats.values() for f in fs)
+  bitmap = d <= 32 * k
+  out = {}
+  for role, fs in flats.items():
+    for i, f in enumerate(fs):
+      on = f != 0
+      out[f'{role}/{i}/values'] = Array(f[on])
+      out[f'{role}/{i}/' + ('bitmap' if bitmap else 'indices')] = Array(
+          np.packbits(on) if bitmap else np.flatnonzero(on).astype(np.int32))
+  return ArrayRecord(array_dict=out)
+
+
+def read_sparse(record: ArrayRecord, like: dict[str, PyTree]) -> dict[str, PyTree]:
+  """`sparse_record`'s dense sparse(u) (float32, shaped by `like`: role -> the
+  client's rows)."""
+  out = {}
+  for role, tree in like.items():
+    leaves, tdef = jax.tree.flatten(tree)
+    dense = []
+    for i, x in enumerate(leaves):
+      name = f'{role}/{i}'
+      if f'{name}/values' not in record:
+        raise KeyError(f'the message has no array {name}/values')
+      flat = np.zeros(int(np.prod(x.shape)), np.float32)
+      if f'{name}/bitmap' in record:
+        at = np.flatnonzero(np.unpackbits(record[f'{name}/bitmap'].numpy())[:flat.size])
+      elif f'{name}/indices' in record:
+        at = record[f'{name}/indices'].numpy()
+      else:
+        raise KeyError(f'the message has no positions for {name} (bitmap or indices)')
+      flat[at] = record[f'{name}/values'].numpy()
+      dense.append(flat.reshape(x.shape))
+    out[role] = jax.tree.unflatten(tdef, dense)
+  return out
+
+
+def sent_server_rows(rows: dict, encoding: str | None) -> dict:
+  """The per-row server state a client receives: every row's, except, when clients
+  sparsify their own updates (`compress.encoding` 'sparsify'), the residual rows of
+  the `sparsify` wrapper's state ({'inner', 'residual'} per role), which the clients
+  keep themselves (the server's stay 0)."""
+  if encoding != 'sparsify':
+    return rows
+  return {r: {'inner': v['inner']} for r, v in rows.items()}

@@ -16,7 +16,9 @@ Each round trains the clients the engine's run would (`participation.Sampler`:
 participants and stragglers from (seed, round)); a client that sits a round out
 gets no message and counts as in the engine (`ServerInputs.row_valid`). Under an
 outermost `quantize(...)` the clients send quantisation codes
-(`compress.encode_quantized`) and the server decodes them (`ServerInputs.encoded`);
+(`compress.encode_quantized`), with an outermost `sparsify(...)` their top-k entries
+of Δ + e with positions, keeping e (`compress.encode_sparse`), and the server decodes
+them (`ServerInputs.encoded`);
 `dp(...)` clips and adds noise here, in the strategy.
 
 Before the first round a handshake (`nodes.NodeStrategy.handshake`) maps Flower
@@ -131,7 +133,8 @@ class EngineStrategy(nodes.NodeStrategy):
                'config': ConfigRecord({'server-round': rnd,
                                        'step-share': float(self.step_shares(rnd)[client])})}
     if jax.tree.leaves(self.rows):
-      content['server_rows'] = codec.to_record({r: cut(v, r) for r, v in self.rows.items()})
+      rows = codec.sent_server_rows(self.rows, compress.encoding(self.config))
+      content['server_rows'] = codec.to_record({r: cut(v, r) for r, v in rows.items()})
     return RecordDict(content)
 
   def participants(self, rnd: int) -> np.ndarray:
@@ -196,20 +199,26 @@ class EngineStrategy(nodes.NodeStrategy):
     fed, exp = self.exp.fed, self.exp
     on = self.participants(server_round)
     cut = lambda tree, r, c: jax.tree.map(lambda x: x[codec.row_slice(fed, r, c)], tree)
-    quantized = compress.encoding(self.config) == 'quantize'
+    encoding = compress.encoding(self.config)
+    encoded = encoding is not None  # the clients compressed their own updates
+    quantized = encoding == 'quantize'
     bits = int(compress.QUANTIZE.of(self.config).bits) if quantized else 0
-    uploads, sent = [], []  # sent: the decoded Q(Δ) rows, quantised runs only
+    uploads, sent = [], []  # sent: the decoded Q(Δ) or sparse(u) rows (encoded runs)
     for c in range(fed.num_clients):
       like = {r: cut(v, r, c) for r, v in self.views.items()}
       if not on[c]:  # its upload: the rows it holds; nothing sent
         uploads.append(like)
-        if quantized:
+        if encoded:
           sent.append(jax.tree.map(lambda x: np.zeros(x.shape, np.float32), like))
         continue
       if quantized:  # Q(Δ) from the codes; the rule reads prev + Q(Δ) (`compress.quantize`)
         codes, scales = codec.read_quantized(got[c]['upload'], like, bits)
         up = {r: compress.decode_quantized(codes[r], scales[r], like[r], bits) for r in like}
         up = jax.device_get(up)
+        sent.append(up)
+        uploads.append(like)
+      elif encoded:  # sparse(u): the rule reads prev + it (`compress.sparsify`)
+        up = codec.read_sparse(got[c]['upload'], like)
         sent.append(up)
         uploads.append(like)
       else:
@@ -230,13 +239,20 @@ class EngineStrategy(nodes.NodeStrategy):
         self.shared, self.rows, self.views, local, jnp.asarray(metric('steps'), jnp.int32),
         jnp.asarray(metric('first_loss'), jnp.float32),
         jnp.asarray(metric('last_loss'), jnp.float32), jnp.int32(server_round - 1), valid,
-        cat(sent) if quantized else None)
+        cat(sent) if encoded else None)
     self.views, self.rows, logs = jax.device_get((new, rows, logs))  # waits for the rule
     if quantized and compress.QUANTIZE.of(self.config).log_error:
       # each client's error of its own quantisation, as the wrapper logs it
       err, norm = metric('quant_err'), metric('quant_norm')
       logs = {**logs, 'quant_rel_error': np.sqrt(np.where(norm > 0, err / np.where(
           norm > 0, norm, 1.), 0.)).astype(np.float32)}
+    if encoding == 'sparsify' and float(compress.SPARSIFY.of(self.config).fraction) < 1:
+      # each client's own count and residual, as the wrapper logs them (a client that
+      # sat out kept nothing this round; its residual is its own, unreported: 0)
+      d = metric('sparse_values').astype(np.float64)
+      logs = {**logs, 'sparse_kept': (metric('sparse_kept_count') / np.maximum(d, 1))
+              .astype(np.float32),
+              'sparse_residual_norm': np.sqrt(metric('sparse_resid_sq')).astype(np.float32)}
     for c, client in enumerate(fed.clients):
       if not on[c]:
         continue  # a client that sat the round out trained nothing (the engine's rows)
