@@ -114,14 +114,15 @@ def sample(group_sizes: tuple[int, ...], slots: tuple[int, ...], seed: int, rnd:
 class Sampler:
   """A run's participants per round, from its config and federation."""
 
-  def __init__(self, config, fed):
+  def __init__(self, config, fed, seed: int | None = None):
+    """`seed`: the draws' seed when not `config.seed` (a sweep's replica)."""
     self.sizes = tuple(g.num_real for g in fed.groups)
     self.partial = is_partial(config)
     self.value = config.get('participation', 1.0)
     self.options = (slot_options(self.sizes, self.value) if self.partial
                     else tuple((s,) for s in self.sizes))
     self.total = total(self.value, sum(self.sizes)) if self.partial else sum(self.sizes)
-    self.seed = int(config.seed)
+    self.seed = int(config.seed if seed is None else seed)
     weighting = str(config.get('participation_weighting', 'uniform'))
     if weighting not in WEIGHTINGS:
       raise ConfigError(f'unknown participation_weighting {weighting!r}; valid choices: '

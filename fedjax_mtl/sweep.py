@@ -152,6 +152,3 @@ def check(config, sweep: Sweep | None) -> None:
   if int(config.get('distributed', {}).get('num_processes', 0) or 0) > 1:
     raise ConfigError('config.sweep runs in one process; distributed.num_processes must be '
                       '0 or 1')
-  if float(config.get('participation', 1.0)) != 1.0 or float(config.get('stragglers', 0.0)):
-    raise ConfigError('config.sweep trains every client of every replica each round with all '
-                      "its steps: participation=1 and stragglers=0 (or sweep='')")

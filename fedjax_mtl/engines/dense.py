@@ -359,11 +359,12 @@ class DenseEngine:
     """What to try when a round goes non-finite."""
     return 'lower optim.lr or check the data'
 
-  def round_rows(self, rnd: int, out: dict) -> list[dict]:
+  def round_rows(self, rnd: int, out: dict, sampler=None) -> list[dict]:
     """The round's metrics.jsonl rows: a train row per (client, task), the agg row and
-    the communication row (bytes per client, `fedjax_mtl.comm`)."""
+    the communication row (bytes per client, `fedjax_mtl.comm`). `sampler`: whose
+    draws these are (a sweep's replica's; default the run's)."""
     rows = []
-    took_part = self.sampler.mask(rnd)
+    took_part = (sampler or self.sampler).mask(rnd)
     for spec, m in zip(self.exp.fed.groups, out['train']):
       for j, cid in enumerate(spec.client_ids):
         c = self.exp.fed.clients[cid]

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_mtl import (distributed, evaluation, experiment, fields, hostmem, report, rounds,
-                        sweep as sweep_lib)
+from fedjax_mtl import (distributed, evaluation, experiment, fields, hostmem, participation,
+                        report, rounds, sweep as sweep_lib)
 from fedjax_mtl.engines.dense import (DenseEngine, divergence, memory_round,
                                       programs as dense_programs, with_sharding)
 from fedjax_mtl.errors import ConfigError
@@ -92,25 +92,35 @@ class ReplicaPrograms:
     """Per group: `(values, gstate, start, data, round, rng, total) -> (gstate, metrics)`."""
     exp = self.exp
 
-    def replica(body):
-      def run(values, gs, start, data, rnd, rng, total):
-        with fields.tracing(values):
-          return body(gs, start, data, rnd, rng, total)
-      return jax.jit(self.vmap(run, in_axes=(0, 0, 0, None, 0, 0, None)),
-                     out_shardings=(self.client, self.client),
-                     donate_argnums=tuple(i + 1 for i in rounds.train_donation(exp)),
-                     compiler_options=experiment.train_compiler_options(exp.config))
+    return [self._replica_train(body) for body in rounds.train_bodies(exp)]
 
-    return [replica(body) for body in rounds.train_bodies(exp)]
+  @functools.cached_property
+  def masked_train_fns(self) -> list:
+    """Per group: `train_fns` with a last argument, each replica's share of its local
+    steps per row ([R, rows] float32: 0 for a client that sits the round out, below 1
+    for a straggler; masked steps leave a client as it was)."""
+    return [self._replica_train(body, masked=True) for body in rounds.train_bodies(self.exp)]
+
+  def _replica_train(self, body, masked: bool = False):
+    exp = self.exp
+
+    def run(values, gs, start, data, rnd, rng, total, *frac):
+      with fields.tracing(values):
+        return body(gs, start, data, rnd, rng, total, *frac)
+    return jax.jit(self.vmap(run, in_axes=(0, 0, 0, None, 0, 0, None) + ((0,) if masked else ())),
+                   out_shardings=(self.client, self.client),
+                   donate_argnums=tuple(i + 1 for i in rounds.train_donation(exp)),
+                   compiler_options=experiment.train_compiler_options(exp.config))
 
   @functools.cached_property
   def agg_fn(self):
-    """`(values, core, params, start, metrics) -> (core, outputs)` (`rounds.make_agg_fn`)."""
+    """`(values, core, params, start, metrics[, valid]) -> (core, outputs)`
+    (`rounds.make_agg_fn`; `valid` [R, N]: each replica's participants)."""
     body = rounds.agg_body(self.exp)
 
-    def run(values, core, params, start, metrics):
+    def run(values, core, params, start, metrics, *valid):  # valid: [R, N] participants
       with fields.tracing(values):
-        return body(core, params, start, metrics)
+        return body(core, params, start, metrics, *valid)
 
     return jax.jit(self.vmap(run), donate_argnums=1,
                    out_shardings=(self.state_shardings(), self.rep))
@@ -211,6 +221,15 @@ class ReplicaEngine(DenseEngine):
         begin=v.begin, round_start=v.round_start, stats_fn=v.stats_fn,
         train_fns=[functools.partial(f, self._values) for f in v.train_fns],
         agg_fn=functools.partial(v.agg_fn, self._values))
+    # Partial participation and stragglers: each replica draws its own clients from its
+    # seed, as its separate run would; every client of every replica steps, those
+    # that sit the round out with all their steps masked (0 of them: left as they
+    # were), so that the replicas' groups keep one shape (`run_round`).
+    self.samplers = [participation.Sampler(config, exp.fed, seed) for seed in self._seeds()]
+    self._masked_programs = types.SimpleNamespace(
+        begin=v.begin, round_start=v.round_start, stats_fn=v.stats_fn,
+        train_fns=[functools.partial(f, self._values) for f in v.masked_train_fns],
+        agg_fn=functools.partial(v.agg_fn, self._values))
 
   # ---- state ------------------------------------------------------------------------
 
@@ -261,13 +280,22 @@ class ReplicaEngine(DenseEngine):
         exp, [gs.params for gs in super().abstract_state().groups]), r)
     values = with_sharding(self._values, exp.replicated)
     jobs, metrics = [], []
-    for g, (spec, fn) in enumerate(zip(exp.fed.groups, v.train_fns)):
+    masked = self.sampler.active
+    valid, fracs = self.round_masks(1) if masked else (None, None)
+    for g, (spec, fn) in enumerate(zip(exp.fed.groups,
+                                       v.masked_train_fns if masked else v.train_fns)):
       args = (values, state.groups[g], start[g], self.source.train[spec.dataset]['train'],
               state.round, state.rng, rounds.num_rounds(exp))
+      if masked:
+        args += (with_sharding(jax.ShapeDtypeStruct(fracs[g].shape, jnp.float32),
+                               exp.replicated),)
       jobs.append((f'train {spec.dataset} x{spec.num_real} x{r} replicas', fn, args))
       metrics.append(with_sharding(jax.eval_shape(fn, *args)[1], v.client))
     params = [gs.params for gs in state.groups]
-    jobs.append(('aggregate', v.agg_fn, (values, rounds.agg_core(state), params, start, metrics)))
+    extra = (() if valid is None else
+             (with_sharding(jax.ShapeDtypeStruct(valid.shape, jnp.bool_), exp.replicated),))
+    jobs.append(('aggregate', v.agg_fn,
+                 (values, rounds.agg_core(state), params, start, metrics) + extra))
     jobs.append(('evaluate', v.eval_fn(), (state.groups, self.source.test)))
     return jobs
 
@@ -300,8 +328,25 @@ class ReplicaEngine(DenseEngine):
 
   def run_round(self, state: FedState, rnd: int,
                 progress: Callable[[int], None] | None = None) -> tuple[FedState, dict]:
-    """Round `rnd` of every replica (`dense.memory_round` with the replica programs)."""
-    return memory_round(self.exp, self._round_programs, state, self.source.train, progress)
+    """Round `rnd` of every replica (`dense.memory_round` with the replica programs);
+    with participation or stragglers, each replica's clients and step shares from its
+    own seed (`round_masks`)."""
+    if not self.sampler.active:
+      return memory_round(self.exp, self._round_programs, state, self.source.train, progress)
+    valid, fracs = self.round_masks(rnd)
+    return memory_round(self.exp, self._masked_programs, state, self.source.train, progress,
+                        None, None if valid is None else self.put_rows(valid),
+                        [self.put_rows(f) for f in fracs])
+
+  def round_masks(self, rnd: int) -> tuple[np.ndarray | None, list[np.ndarray]]:
+    """([R, N] bool participants, or None without sampling; per group [R, rows] float32
+    step shares, padding rows 1) of round `rnd`, from each replica's sampler."""
+    shares = [s.step_shares(rnd) for s in self.samplers]
+    fracs = [np.stack([np.concatenate([sh[g], np.ones(spec.num_pad, np.float32)])
+                       for sh in shares]) for g, spec in enumerate(self.exp.fed.groups)]
+    valid = (np.stack([s.mask(rnd) for s in self.samplers]) if self.sampler.partial
+             else None)
+    return valid, fracs
 
   def replica_out(self, out: PyTree, r: int) -> PyTree:
     """Replica `r`'s part of host outputs (a round's, an evaluation's)."""
@@ -319,7 +364,7 @@ class ReplicaEngine(DenseEngine):
   def round_rows(self, rnd: int, out: dict) -> list[dict]:
     one = super().round_rows  # (not callable as super() inside the comprehension)
     return [{**row, 'replica': r} for r in range(self.num_replicas)
-            for row in one(rnd, self.replica_out(out, r))]
+            for row in one(rnd, self.replica_out(out, r), self.samplers[r])]
 
   def meta_rows(self) -> list[dict]:
     labels = [self.sweep.label(r) for r in range(self.num_replicas)]
