@@ -191,6 +191,8 @@ class Sampler:
 # only (`rules.row_weights`: FedAvg's mean, FedNova, FedDyn's h over 1/m; FedHCA2's
 # rules over the participants, `hca2`; FedAMP's cloud models mixing participants;
 # FedSTA's shared body; FedGA's weights moved by the gaps of returning participants;
+# NTKFedAvg's c + α·mean of the participants' signed task vectors, and the averaged
+# batch-norm statistics of MaT-FL and NTKFedAvg over the participants (`rounds`);
 # MaT-FL's grouping of the participants' encoders, as in the
 # many-task setting; FedACG's and `momentum`'s server momentum, a global quantity
 # kept per row that every row follows; Local and the personal parts need nothing),
@@ -201,7 +203,8 @@ class Sampler:
 # group's participants, `rules.group_info`, except FedHCA2's, which gathers a fixed
 # number of participants a round while a group's number varies).
 SUPPORTED_BASES = ('local', 'fedavg', 'fedprox', 'fedper', 'fedbabu', 'ditto', 'fedbn', 'moon',
-                   'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg', 'matfl', 'fedga')
+                   'fednova', 'feddyn', 'hca2', 'fedamp', 'fedsta', 'fedacg', 'matfl', 'fedga',
+                   'ntkfedavg')
 SUPPORTED_WRAPPERS = ('dea', 'dp', 'quantize', 'sparsify', 'momentum', 'pcgrad', 'heal',
                       'grouped')
 

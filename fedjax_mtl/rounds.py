@@ -413,13 +413,14 @@ def aggregate(agg_fn, state: FedState, start: list, metrics: list,
               stats_fn=None, valid=None) -> tuple:
   """Run `make_agg_fn`'s program on the trained `state`: (next state, outputs);
   then `stats_fn` (`make_stats_fn`), if given, on the batch-norm statistics.
-  `valid`: the round's participants ([N] bool), or None for every client."""
+  `valid`: the round's participants ([N] bool), or None for every client (both
+  programs take it)."""
   extra = () if valid is None else (valid,)
   core, out = agg_fn(agg_core(state), [gs.params for gs in state.groups], start, metrics,
                      *extra)
   groups = [gs.replace(**g) for gs, g in zip(state.groups, core.groups)]
   if stats_fn is not None:
-    stats = stats_fn([gs.batch_stats for gs in groups])
+    stats = stats_fn([gs.batch_stats for gs in groups], *extra)
     groups = [gs.replace(batch_stats=b) for gs, b in zip(groups, stats)]
   return core.replace(groups=groups), out
 
@@ -428,19 +429,30 @@ def make_stats_fn(exp: Experiment):
   """The jitted `[group batch_stats] -> [group batch_stats]` of an algorithm with
   `average_stats` (MaT-FL's aggregation of every `backbone` key, running
   statistics included: NTKFedAvg spec A8's FedAvg): every client's encoder
-  batch-norm statistics become their uniform mean over the real clients; None for
-  the other algorithms (each client keeps its own statistics)."""
+  batch-norm statistics become their uniform mean over the real clients (with a
+  second argument `valid`, the round's [N] participants: over the participants, as
+  the parameters are); None for the other algorithms (each client keeps its own
+  statistics)."""
   if not exp.algorithm.average_stats:
     return None
   fed = exp.fed
 
-  def average(stats: list) -> list:
+  def average(stats: list, *valid) -> list:
     if not all('encoder' in (s or {}) for s in stats):
       return stats  # an encoder without batch norm
+    if valid:
+      on = [v[:g.num_real].astype(jnp.float32)
+            for v, g in zip(group_valid(exp, valid[0]), fed.groups)]
+      part = lambda x, g, w: jnp.tensordot(w, x[:g.num_real].astype(jnp.float32), 1)
+      count = jnp.sum(valid[0].astype(jnp.float32))
+    else:
+      on = [None] * len(fed.groups)
+      part = lambda x, g, w: jnp.sum(x[:g.num_real], 0)
+      count = fed.num_clients
     total = jax.tree.map(lambda *xs: sum(xs), *[
-        jax.tree.map(lambda x, n=g.num_real: jnp.sum(x[:n], 0), s['encoder'])
-        for s, g in zip(stats, fed.groups)])
-    mean = jax.tree.map(lambda t: t / fed.num_clients, total)
+        jax.tree.map(lambda x, g=g, w=w: part(x, g, w), s['encoder'])
+        for s, g, w in zip(stats, fed.groups, on)])
+    mean = jax.tree.map(lambda t: t / count, total)
     return [{**s, 'encoder': jax.tree.map(
         lambda m, x: jnp.broadcast_to(m, x.shape).astype(x.dtype), mean, s['encoder'])}
         for s in stats]

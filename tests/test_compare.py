@@ -170,10 +170,10 @@ def test_a_dense_methods_seeds_run_as_one_sweep_unless_no_replicas(tmp_path, tra
 
 
 def test_a_method_a_sweep_cannot_hold_runs_one_process_per_seed(tmp_path, trained):
-  run_compare(tmp_path, f'fedavg={FEDAVG} participation=0.5', extra=['--seeds', '0,1'])
+  run_compare(tmp_path, f'fedavg={FEDAVG} data.source=real', extra=['--seeds', '0,1'])
   assert [wd for _, wd in trained] == [str(tmp_path / 'fedavg' / 'seed0'),
                                       str(tmp_path / 'fedavg' / 'seed1')]
-  assert all(not c.get('sweep') and c.participation == 0.5 for c, _ in trained)
+  assert all(not c.get('sweep') and c.data.source == 'real' for c, _ in trained)
 
 
 def test_fields_a_resumed_run_may_change_do_not_count(tmp_path, trained):

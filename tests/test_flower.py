@@ -296,13 +296,13 @@ def test_participation_stragglers_compression_and_dp_run_as_in_the_engine(
 
 
 def test_clients_sparsify_their_own_updates_and_keep_their_residuals(tmp_path):
-  """`sparsify(hca2)` over 3 rounds with 3 of 5 clients a round: each client sends the
+  """`sparsify(hca2)` over 2 rounds with 3 of 5 clients a round: each client sends the
   top 5 % of Δ + e with their positions and keeps e itself (`compress.encode_sparse`),
   and the server adds what it receives: the rows the engine's run makes (error
   feedback over rounds included: a residual dropped or kept at the server fails the
   bound), the clients' kept shares and residual norms as the engine logs them, and
   uploads of about the engine's account (values and positions), well below dense."""
-  cfg = tiny_config('sparsify(hca2)', num_rounds=3, checkpoint_every=3, participation=0.6,
+  cfg = tiny_config('sparsify(hca2)', num_rounds=2, checkpoint_every=2, participation=0.6,
                     **agreement.SGD, **{'sparsify.fraction': 0.05})
   strategy = simulate.in_process(cfg, str(tmp_path / 'flower'))
   ref = agreement.run_reference(cfg, str(tmp_path / 'engine'))
@@ -318,7 +318,8 @@ def test_clients_sparsify_their_own_updates_and_keep_their_residuals(tmp_path):
   want = read_jsonl(os.path.join(ref.workdir, 'metrics.jsonl'))
   agg = lambda rs, k: np.asarray([r[k] for r in rs if r['type'] == 'agg'])
   on = agg(want, 'sparse_kept') > 0
-  assert on.sum() == 9  # 3 clients a round
+  assert on.sum() == 6  # 3 clients a round
+  assert (on[0] & on[1]).any()  # a client that trains twice sends its residual back in
   np.testing.assert_allclose(agg(rows, 'sparse_kept')[on], agg(want, 'sparse_kept')[on],
                              rtol=1e-6)
   np.testing.assert_allclose(agg(rows, 'sparse_residual_norm')[on],

@@ -192,6 +192,50 @@ def test_grouped_rules_read_their_groups_participants():
     prev = {'encoder': {'w': np.asarray(new['encoder']['w'])}}
 
 
+def test_averaged_batch_norm_statistics_are_the_participants_mean():
+  """MaT-FL's and NTKFedAvg's averaged encoder statistics (`rounds.make_stats_fn`):
+  with the round's participants, every row gets the participants' mean (as the
+  parameters), not the mean over clients whose statistics did not move."""
+  import types
+  groups = [types.SimpleNamespace(num_real=3, num_pad=1, client_ids=(0, 2, 4)),
+            types.SimpleNamespace(num_real=2, num_pad=0, client_ids=(1, 3))]
+  exp = types.SimpleNamespace(algorithm=types.SimpleNamespace(average_stats=True),
+                              fed=types.SimpleNamespace(groups=groups, num_clients=5))
+  fn = rounds.make_stats_fn(exp)
+  rng = np.random.default_rng(5)
+  s0, s1 = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(2, 3)).astype(np.float32)
+  client = {0: s0[0], 2: s0[1], 4: s0[2], 1: s1[0], 3: s1[1]}
+  stats = lambda: [{'encoder': {'mean': jnp.asarray(s0)}}, {'encoder': {'mean': jnp.asarray(s1)}}]
+  valid = np.array([True, False, True, True, False])
+  for args, members in (((), range(5)), ((jnp.asarray(valid),), (0, 2, 3))):
+    out = fn(stats(), *args)
+    want = np.mean([client[c] for c in members], 0)
+    for part, rows in zip(out, (4, 2)):
+      np.testing.assert_allclose(part['encoder']['mean'], np.broadcast_to(want, (rows, 3)),
+                                 rtol=1e-6)
+
+
+def test_ntkfedavg_moves_the_model_by_the_participants_task_vectors():
+  """NTKFedAvg's server: θ = c + α · mean over the participants of s_k (θ_k − c)
+  (s_k = −1 for a negated client), every row."""
+  from fedjax_mtl.algorithms import ntkfedavg
+  server = ntkfedavg.server(alpha=2.0, negate=(3,))
+  rng = np.random.default_rng(6)
+  c = rng.normal(size=(5, 3)).astype(np.float32)
+  prev = {'encoder': {'w': np.broadcast_to(c, (N, 5, 3)).copy()}}
+  valid = np.array([True, False, True, True])
+  local = _round(rng, prev, valid)
+  x = ServerInputs(prev=prev, local=local, num_examples=jnp.ones(N), num_steps=jnp.asarray(
+      2 * valid, jnp.int32), client_ids=jnp.arange(N), round=jnp.int32(0),
+      row_valid=jnp.asarray(valid))
+  new, _, logs = jax.jit(server.apply)(server.init(prev), x)
+  tau = local['encoder']['w'] - c
+  want = c + 2.0 * (tau[0] + tau[2] - tau[3]) / 3
+  np.testing.assert_allclose(new['encoder']['w'], np.broadcast_to(want, (N, 5, 3)), rtol=1e-5,
+                             atol=1e-6)
+  assert int(logs['ntk_negated_rows']) == 1
+
+
 def test_pcgrad_projects_the_participants_off_each_other_only():
   """pcgrad(mean) with two of four clients sitting out: each participant's update is
   projected (NumPy PCGrad) off the other participants' updates it conflicts with, in
@@ -390,7 +434,6 @@ def test_resume_draws_the_same_clients_and_matches(tmp_path):
     ({'participation': 0.0}, 'participation=0.0 is out of range'),
     ({'participation': 7}, r'participation=7(\.0)? is out of range; valid: a fraction in \(0, 1\] or '
                            'a number of clients from 2 to 5'),
-    ({'participation': 0.5, 'algorithm': 'ntkfedavg'}, "'ntkfedavg' has no partial-participation"),
     ({'participation': 0.5, 'algorithm': 'grouped(hca2)'},
      r'grouped\(...\) over hca2 has no partial-participation rule'),
     ({'participation_weighting': 'size'}, 'participation_weighting'),
