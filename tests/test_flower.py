@@ -1,13 +1,12 @@
 """The Flower adapter (fedjax_mtl/flower): the smoke FedHCA2 run's messages (5 clients,
 2 rounds, computed in process: `simulate.in_process`) aggregate the same parameters
-as the engine's own rounds (real data: tests/test_real_engine.py), and Flower's
-simulation engine (ClientApps in a Ray worker) carries the same messages on its
-2-client layout, equal to the bit; so do, in process, a many-task FedAvg and a MaTU
-run (`test_manytask.tiny`: 6 clients, 4 tasks, half the clients a round), a
-quantised, clipped and noised FedHCA2 run with participation and stragglers, and a
-FedHCA2 run whose clients sparsify their own updates; a client whose config differs
-refuses the run naming the fields; what the adapter cannot run is refused before
-Ray starts (a deployment: tests/test_flower_deploy.py).
+as the engine's own rounds (real data: tests/test_real_engine.py; Flower's
+simulation engine and a deployment carry the same messages:
+tests/test_flower_deploy.py); so do, in process, a many-task FedAvg and a MaTU run
+(`test_manytask.tiny`: 6 clients, 4 tasks, half the clients a round), a quantised,
+clipped and noised FedHCA2 run with participation and stragglers, and a FedHCA2 run
+whose clients sparsify their own updates; a client whose config differs refuses the
+run naming the fields; what the adapter cannot run is refused before Ray starts.
 """
 
 import copy
@@ -81,27 +80,6 @@ def test_flower_rounds_aggregate_what_the_engine_aggregates(flower_run, referenc
   print(strategy.timing)
 
 
-def test_flowers_simulation_engine_runs_what_the_in_process_run_computes(tmp_path):
-  """`simulate.simulate`: the ServerApp here, the ClientApps in Ray workers, on the
-  2-client `mt_only` layout of the smoke config: the same rows, losses and bytes as
-  the in-process run's messages (one program per client in either place: equal to
-  the bit on a CPU)."""
-  from conftest import override
-  cfg = override(config(), scenario='mt_only')
-  ray = simulate.simulate(cfg, str(tmp_path / 'ray'), num_workers=1)
-  here = simulate.in_process(cfg, str(tmp_path / 'here'))
-  got, want = agreement.flat_views(ray.views), agreement.flat_views(here.views)
-  assert got.keys() == want.keys() and got
-  for k in want:
-    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-  rows = lambda d: sorted((r['round'], r['type'], r.get('client'), r.get('loss'),
-                           r.get('up_bytes'), r.get('alpha'))
-                          for r in read_jsonl(str(tmp_path / d / 'metrics.jsonl'))
-                          if r['type'] in ('train', 'comm', 'agg'))
-  assert rows('ray') == rows('here')
-  assert [t['round'] for t in ray.timing] == [1, 2]
-
-
 def test_a_client_with_another_config_refuses_the_run_naming_the_fields(tmp_path):
   other = config()
   other.optim.lr = 5e-3
@@ -128,7 +106,7 @@ def test_many_task_flower_runs_train_what_the_engine_trains(algorithm, tmp_path)
   per-slot trainer (same samples and keys, one slot at a time instead of one vmap),
   the server stacks the uploads in slot order and runs the engine's aggregation.
   The messages' contents are computed in process (`simulate.in_process`); Flower's
-  transport of them is the dense runs' (Ray: the simulation-engine test; a deployment:
+  transport of them is the dense runs' (Ray and a deployment:
   test_flower_deploy.py)."""
   from fedjax_mtl import train
   from fedjax_mtl.manytask import run as run_lib
@@ -258,7 +236,7 @@ def test_participation_stragglers_compression_and_dp_run_as_in_the_engine(
   the codes (the engine's codes: the same uniforms), and the server decodes them, clips
   and adds noise as the engine's does; the rows log the same steps, traffic per
   participant and privacy spent. Computed in process (`simulate.in_process`: the
-  messages' contents without Flower's transport; the transport is the simulation-engine test's)."""
+  messages' contents without Flower's transport; the transport is test_flower_deploy.py's)."""
   algorithm = 'quantize(dp(hca2))'
   extra = {'participation': 0.6, 'stragglers': 0.5, 'dp.noise_multiplier': 0.5,
            'dp.noise': 'row', 'quantize.bits': 4, 'quantize.log_error': True}

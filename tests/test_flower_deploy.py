@@ -4,7 +4,8 @@ the App submitted with `flwr run`. The smoke FedHCA2 run of test_flower's config
 2 rounds) on the `mt_only` scenario (2 clients: PASCAL and NYUD, both multi-task)
 writes the rows, losses and metric rows `simulate.in_process` computes for the same
 config; a SuperNode killed in the middle of round 1 ends its run (not a hang) with one
-line naming its client, in the run's status (`flwr ls`) and log (`flwr log`).
+line naming its client, in the run's status (`flwr ls`) and log (`flwr log`). Flower's
+simulation engine (ClientApps in a Ray worker) runs the same config to the same bits.
 
 Each run has a federation of its own, and they overlap: the full run is submitted when
 the SuperNode is killed, so the killed run's handshake has the CPUs to itself (well
@@ -233,22 +234,30 @@ def _rows(npz: dict) -> dict:
   return {re.sub(r"^\['(\w+)'\]", r'\1', k): np.asarray(v, np.float64) for k, v in npz.items()}
 
 
-def test_a_deployed_run_computes_what_the_in_process_run_computes(deployment, tmp_path):
+@pytest.fixture(scope='module')
+def in_process_run(tmp_path_factory):
+  """(workdir, strategy) of `simulate.in_process` on the config: the reference of the
+  deployed run (computed while it runs: set up after `deployment`) and of the Ray run."""
+  wd = tmp_path_factory.mktemp('in_process') / 'wd'
+  strategy = simulate.in_process(config(), str(wd))
+  return str(wd), strategy, time.time()
+
+
+def test_a_deployed_run_computes_what_the_in_process_run_computes(deployment, in_process_run):
   """The deployed run's final rows (`final_rows.npz`), train losses and metric rows are
   those of `simulate.in_process` on the same config."""
   fed, run_id = deployment['feds']['full'], deployment['ids']['full']
   t0 = deployment['t0']
-  # The reference, while the deployment runs.
+  # The reference, computed while the deployment runs.
   cfg = config()
   init = agreement.flat_views(server.EngineStrategy(cfg).views)
-  simulate.in_process(cfg, str(tmp_path / 'in_process'))
-  t1 = time.time()
+  ref_wd, _, t1 = in_process_run
   run = fed.wait_finished(run_id, t0 + DEADLINE)
   t2 = time.time()
   assert run['status'] == 'finished:completed', (run, fed.tails())
   wd = str(deployment['tmp'] / 'full' / 'wd')
   got = _rows(server.read_final_rows(wd))
-  want = _rows(server.read_final_rows(str(tmp_path / 'in_process')))
+  want = _rows(server.read_final_rows(ref_wd))
   assert {k.split('[')[0] for k in want} == {'encoder', 'decoder'}
   # Each party runs the programs the in-process run runs (a client's rows at a time, the
   # same jitted server rule), compiled with the same flags: the rows agree to rounding
@@ -260,7 +269,7 @@ def test_a_deployed_run_computes_what_the_in_process_run_computes(deployment, tm
         f'max |deployed - in-process| = {diff:.3g};',
         agreement.assert_within_bound(got, want, init))
   rows = read_jsonl(os.path.join(wd, 'metrics.jsonl'))
-  ref = read_jsonl(os.path.join(tmp_path, 'in_process', 'metrics.jsonl'))
+  ref = read_jsonl(os.path.join(ref_wd, 'metrics.jsonl'))
   key = lambda r: (r['round'], r['type'], r.get('client'), r.get('task'), r.get('metric'))
   assert sorted(map(key, rows)) == sorted(map(key, ref))
   assert {r['client'] for r in rows if r['type'] == 'train'} == {
@@ -294,3 +303,23 @@ def test_a_supernode_killed_mid_round_ends_the_run_naming_its_client(deployment)
       run, f'client 0 sent its round-1 reply: {replied}')
   assert line in fed.flwr('log', str(run_id), '--show')
   assert not os.path.exists(deployment['tmp'] / 'killed' / 'wd' / 'metrics.jsonl')
+
+
+def test_flowers_simulation_engine_runs_what_the_in_process_run_computes(in_process_run,
+                                                                        tmp_path):
+  """`simulate.simulate`: the ServerApp here, the ClientApps in a Ray worker (Flower's
+  simulation engine), on the same config: the same rows, losses and bytes as the
+  in-process run's messages (one program per client in either place: equal to the bit
+  on a CPU)."""
+  ray = simulate.simulate(config(), str(tmp_path / 'ray'), num_workers=1)
+  ref_wd, here, _ = in_process_run
+  got, want = agreement.flat_views(ray.views), agreement.flat_views(here.views)
+  assert got.keys() == want.keys() and got
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  rows = lambda d: sorted((r['round'], r['type'], r.get('client'), r.get('loss'),
+                           r.get('up_bytes'), r.get('alpha'))
+                          for r in read_jsonl(os.path.join(d, 'metrics.jsonl'))
+                          if r['type'] in ('train', 'comm', 'agg'))
+  assert rows(str(tmp_path / 'ray')) == rows(ref_wd)
+  assert [t['round'] for t in ray.timing] == [1, 2]
