@@ -135,18 +135,18 @@ def _heal(alg: Algorithm, info: FedInfo, config) -> Server:
 
 
 def _grouped(alg: Algorithm, info: FedInfo, config,
-             build: Callable[[FedInfo], Server] | None = None) -> Server:
-  """`build(group_info)`: the wrapped composition on one group's federation
-  (`get_algorithm` passes it; without it every group runs `alg.server`, which
-  suits rules that read no per-client facts)."""
+             build: Callable[[FedInfo], Server]) -> Server:
+  """`build(group_info)`: the wrapped composition built again on one group's
+  federation (`_compose` passes it)."""
   cfg = GROUPED.of(config)
   keys = {'encoder': [info.client_keys[c][cfg.by == 'task'] for c in range(info.num_clients)],
           'decoder': [info.decoder_keys[k][cfg.by == 'task'] for k in range(info.num_decoders)]}
   ids = {r: [sorted(set(v)).index(x) for x in v] for r, v in keys.items()}
-  return rules.grouped(build or (lambda sub: alg.server), info, ids)
+  return rules.grouped(build, info, ids)
 
 
 # Wrappers: (algorithm, info, config) -> the wrapped server. The client part is kept.
+# `grouped` also takes the builder of what it wraps (`_compose` calls it so).
 WRAPPERS: dict[str, Callable[[Algorithm, FedInfo, object], Server]] = {
     'momentum': _momentum,
     'dea': _dea,

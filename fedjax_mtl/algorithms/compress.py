@@ -361,13 +361,12 @@ def sparsify(rule: Server, info: FedInfo, fraction: float) -> Server:
     split = {r: _split_rows(state.rows[r], x.local[r]) for r in x.local}
     inner = ServerState(state.shared, {r: v[0] for r, v in split.items()})
     resid = {r: v[1] for r, v in split.items()}
-    if x.encoded is not None:  # the clients sent sparse(u) and keep e (`encode_sparse`)
-      local = {r: _upload(x.prev[r], x.encoded[r], x.local[r], _valid_rows(info, r, x))
-               for r in x.local}
-      new, st, logs = rule.apply(inner, x._replace(local=local, encoded=None))
-      return new, ServerState(st.shared, {r: _join_rows(st.rows.get(r, {}), resid[r])
-                                          for r in x.local}), logs
-    if fraction == 1:  # everything sent: the uploads as they are, e stays 0
+    if x.encoded is not None or fraction == 1:
+      if x.encoded is not None:  # the clients sent sparse(u) and keep e (`encode_sparse`)
+        x = x._replace(local={r: _upload(x.prev[r], x.encoded[r], x.local[r],
+                                         _valid_rows(info, r, x)) for r in x.local},
+                       encoded=None)
+      # (fraction = 1: everything sent, the uploads as they are; e stays 0 either way)
       new, st, logs = rule.apply(inner, x)
       return new, ServerState(st.shared, {r: _join_rows(st.rows.get(r, {}), resid[r])
                                           for r in x.local}), logs

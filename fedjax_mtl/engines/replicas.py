@@ -226,10 +226,9 @@ class ReplicaEngine(DenseEngine):
     # that sit the round out with all their steps masked (0 of them: left as they
     # were), so that the replicas' groups keep one shape (`run_round`).
     self.samplers = [participation.Sampler(config, exp.fed, seed) for seed in self._seeds()]
-    self._masked_programs = types.SimpleNamespace(
-        begin=v.begin, round_start=v.round_start, stats_fn=v.stats_fn,
-        train_fns=[functools.partial(f, self._values) for f in v.masked_train_fns],
-        agg_fn=functools.partial(v.agg_fn, self._values))
+    self._masked_programs = types.SimpleNamespace(**{
+        **vars(self._round_programs),
+        'train_fns': [functools.partial(f, self._values) for f in v.masked_train_fns]})
 
   # ---- state ------------------------------------------------------------------------
 
@@ -280,20 +279,19 @@ class ReplicaEngine(DenseEngine):
         exp, [gs.params for gs in super().abstract_state().groups]), r)
     values = with_sharding(self._values, exp.replicated)
     jobs, metrics = [], []
-    masked = self.sampler.active
-    valid, fracs = self.round_masks(1) if masked else (None, None)
+    masked = self.sampler.active  # `run_round`'s step shares and participants
     for g, (spec, fn) in enumerate(zip(exp.fed.groups,
                                        v.masked_train_fns if masked else v.train_fns)):
       args = (values, state.groups[g], start[g], self.source.train[spec.dataset]['train'],
               state.round, state.rng, rounds.num_rounds(exp))
       if masked:
-        args += (with_sharding(jax.ShapeDtypeStruct(fracs[g].shape, jnp.float32),
+        args += (with_sharding(jax.ShapeDtypeStruct((r, spec.num_total), jnp.float32),
                                exp.replicated),)
       jobs.append((f'train {spec.dataset} x{spec.num_real} x{r} replicas', fn, args))
       metrics.append(with_sharding(jax.eval_shape(fn, *args)[1], v.client))
     params = [gs.params for gs in state.groups]
-    extra = (() if valid is None else
-             (with_sharding(jax.ShapeDtypeStruct(valid.shape, jnp.bool_), exp.replicated),))
+    extra = ((with_sharding(jax.ShapeDtypeStruct((r, exp.fed.num_clients), jnp.bool_),
+                            exp.replicated),) if self.sampler.partial else ())
     jobs.append(('aggregate', v.agg_fn,
                  (values, rounds.agg_core(state), params, start, metrics) + extra))
     jobs.append(('evaluate', v.eval_fn(), (state.groups, self.source.test)))

@@ -307,22 +307,20 @@ def _kept_like(rt: ClientRuntime, client: int, like: GroupState):
   return state
 
 
-def stored_state(rt: ClientRuntime, client: int, kept) -> GroupState:
-  """The client's state from what its node kept (`Context.state`'s record, or None
-  before its first round: the round-0 state)."""
+def stored(rt: ClientRuntime, client: int, kept) -> tuple[GroupState, dict | None]:
+  """(the client's state, its error-feedback residual under a client-side `sparsify`,
+  else None) from what its node kept (`Context.state`'s record, or None before its
+  first round: the round-0 state and a zero residual), read once."""
   like = rt.initial_state(client)
-  if kept is None:
-    return like
-  got = codec.from_record(kept, _kept_like(rt, client, like))
-  return (got['state'] if isinstance(got, dict) else got).replace(
-      server_rows=like.server_rows)
+  kept_like = _kept_like(rt, client, like)
+  got = kept_like if kept is None else codec.from_record(kept, kept_like)
+  state, residual = (got['state'], got['residual']) if isinstance(got, dict) else (got, None)
+  return state.replace(server_rows=like.server_rows), residual
 
 
-def stored_residual(rt: ClientRuntime, client: int, kept) -> dict:
-  """The client's error-feedback residual (client-side `sparsify`) from what it kept."""
-  if kept is None:
-    return rt.zero_residual(client)
-  return codec.from_record(kept, _kept_like(rt, client, rt.initial_state(client)))['residual']
+def stored_state(rt: ClientRuntime, client: int, kept) -> GroupState:
+  """The client's state from what its node kept (`stored`)."""
+  return stored(rt, client, kept)[0]
 
 
 def _with_server_rows(rt: ClientRuntime, client: int, cs: GroupState,
@@ -353,11 +351,12 @@ def train_reply(rt: ClientRuntime, client: int, kept, content: RecordDict):
   rnd = int(content['config']['server-round'])
   share = float(content['config'].get('step-share', 1.0))
   t0 = time.perf_counter()
-  cs = _with_server_rows(rt, client, stored_state(rt, client, kept), content)
+  cs, residual = stored(rt, client, kept)
+  cs = _with_server_rows(rt, client, cs, content)
   trained, pieces, m = rt.train(client, cs, rnd, share)
   m = jax.device_get(m)
   spec = rt.exp.fed.groups[rt.locate(client)[0]]
-  extra, residual = {}, None
+  extra = {}
   encoding = compress.encoding(rt.config)
   if encoding == 'quantize':  # sent as codes: `quantize` at the client
     codes, scales, err, norm = jax.device_get(rt.quantizer(client)(
@@ -366,7 +365,7 @@ def train_reply(rt: ClientRuntime, client: int, kept, content: RecordDict):
     extra = {'quant_err': float(err), 'quant_norm': float(norm)}
   elif encoding == 'sparsify':  # top-k of Δ + e sent, e kept here: `sparsify` at the client
     sent, residual, kept_n, resid_sq = jax.device_get(rt.sparsifier()(
-        rt.pieces(client, cs.params), pieces, stored_residual(rt, client, kept)))
+        rt.pieces(client, cs.params), pieces, residual))
     upload = codec.sparse_record({r: jax.tree.leaves(v) for r, v in sent.items()})
     extra = {'sparse_kept_count': int(kept_n), 'sparse_resid_sq': float(resid_sq),
              'sparse_values': int(sum(np.size(x) for x in jax.tree.leaves(sent)))}
