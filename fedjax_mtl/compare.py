@@ -215,13 +215,15 @@ def _seed_config(spec: str, seed: int):
 
 def _as_replicas(cfg, seeds: list[int]):
   """`cfg` (the first seed's) running `seeds` as one sweep's replicas
-  (`config.sweep='seed=...'`), or None where a sweep cannot hold them (one seed, the
-  many-task setting, real data)."""
+  (`config.sweep='seed=...'`; many-task: `'seed+split_seed=...'`, as `_seed_config`
+  seeds the client split), or None where a sweep cannot hold them (one seed, real
+  dense data, a many-task allocation drawn per split)."""
   from fedjax_mtl import sweep, validate
   if len(seeds) < 2 or cfg.get('sweep', ''):
     return None
   c = cfg.copy_and_resolve_references()
-  c.sweep = 'seed=' + ','.join(map(str, seeds))
+  c.sweep = (('seed+split_seed=' if is_many_task(cfg) else 'seed=')
+             + ','.join(map(str, seeds)))
   try:
     sweep.check(c, validate.sweep_of(c))
   except ConfigError:
@@ -257,7 +259,7 @@ def plan_runs(run_args: list[str], seeds: list[int], out: str,
 
   `replicas`: a method's seeds run as one sweep (`config.sweep='seed=...'`, one
   compiled program; OUT/NAME/seeds<S,...>, a sub-workdir per seed: `run_dirs`) where
-  a sweep can hold them (dense, synthetic data) and the seeds have not all finished
+  a sweep can hold them (`_as_replicas`) and the seeds have not all finished
   already as separate runs of the same config; else one run per seed."""
   from fedjax_mtl import validate  # imports jax
   plan, names = [], set()
@@ -306,8 +308,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                       'the client split)')
   p.add_argument('--no-replicas', dest='no_replicas', action='store_true',
                  help="one run per seed; by default a method's seeds run as one sweep's "
-                      'replicas (one compiled program) where the setting allows it (dense, '
-                      'synthetic data)')
+                      'replicas (one compiled program) where the setting allows it (dense '
+                      'synthetic data; many-task with a fixed number of tasks per client)')
   p.add_argument('--rerun_changed', action='store_true',
                  help='a run folder holding a run of another config is moved to '
                       '<folder>.replaced-<n> and run again (default: stop with an error)')

@@ -13,8 +13,11 @@
 
 Each point is one run per seed of `configs/<method>` on mini8's defaults (10
 clients, all every round, 10 rounds) with the swept allocation
-(`many.tasks_per_client=k`, or `many.client_tasks` groups), in OUT/<value>/<method>/seed<S>
-(finished runs are reused, as scripts/compare.py does). Accuracy is normalised
+(`many.tasks_per_client=k`, or `many.client_tasks` groups). A point's seeds run as
+one sweep's replicas (one compiled program, each seed with its own client split:
+`engines/many_replicas.py`) in OUT/<value>/<method>/seeds<S,...>, or with
+--no-replicas one run per seed in OUT/<value>/<method>/seed<S> (finished runs are
+reused, as scripts/compare.py does). Accuracy is normalised
 per seed by the Individual run of the same seed (`--individual`: its
 seed<S> folders), averaged over the tasks the point's clients hold.
 Communication is the mean upload per participating client and round, in MB
@@ -89,12 +92,14 @@ def _mb_per_client_round(workdir: str, cfg) -> float:
 
 def sweep(figure: str, values: list[int], methods: list[str], seeds: list[int], out: str,
           individual: str | None, clusters, rerun_changed: bool = False,
-          finished_only: bool = False) -> dict:
-  """Run (or reuse) every point; returns {method: {value: (acc mean, acc std, MB, mean acc)}}."""
+          finished_only: bool = False, replicas: bool = True) -> dict:
+  """Run (or reuse) every point; returns {method: {value: (acc mean, acc std, MB, mean acc)}}.
+  `replicas`: a point's seeds as one sweep where it can hold them (`compare.plan_runs`)."""
   plans = {}
   for v in values:  # everything is planned (and checked) before anything runs
     runs = [f'{m}={METHODS[m]} ' + point_overrides(figure, v, clusters, 10) for m in methods]
-    plans[v] = compare.plan_runs(runs, seeds, os.path.join(out, str(v)), rerun_changed)
+    plans[v] = compare.plan_runs(runs, seeds, os.path.join(out, str(v)), rerun_changed,
+                                 replicas=replicas)
   results = {m: {} for m in methods}
   for v, plan in plans.items():
     per = {}
@@ -102,11 +107,11 @@ def sweep(figure: str, values: list[int], methods: list[str], seeds: list[int], 
       if finished_only and run.action != 'reuse':
         continue  # --finished_only: plot what has run, leave the missing points out
       compare.execute(run)
-      acc = compare.final_accuracy(run.workdir)
-      per.setdefault(run.name, []).append((
-          _normalised(run.workdir, individual, run.seed), _mb_per_client_round(run.workdir,
-                                                                                 run.config),
-          float(np.mean(list(acc.values())))))
+      for seed, wd in compare.run_dirs(run):  # its seeds (a sweep's replicas)
+        acc = compare.final_accuracy(wd)
+        per.setdefault(run.name, []).append((
+            _normalised(wd, individual, seed), _mb_per_client_round(wd, run.config),
+            float(np.mean(list(acc.values())))))
     for m, vals in per.items():
       a = np.array(vals)
       results[m][v] = (float(a[:, 0].mean()), float(a[:, 0].std()), float(a[:, 1].mean()),
@@ -199,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     compare.use_xla_cache(a.xla_cache_dir)
     os.makedirs(a.out, exist_ok=True)
     results = sweep(a.figure, values, methods, seeds, a.out, a.individual or None, clusters,
-                    a.rerun_changed, a.finished_only)
+                    a.rerun_changed, a.finished_only, replicas=not a.no_replicas)
   except ConfigError as e:
     print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
     raise SystemExit(2) from None

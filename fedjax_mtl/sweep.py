@@ -6,8 +6,17 @@ the replicas being their product (the first axis varies slowest):
     --config.sweep='seed=0,1,2'                          3 replicas
     --config.sweep='optim.lr=1e-3,3e-3;seed=0,1,2'       6 replicas
 
+Fields joined by '+' take the same values together (a zip, one axis):
+
+    --config.sweep='seed+split_seed=0,1,2'               3 replicas
+
+(the many-task setting's seeds as `scripts/compare.py` runs them, each with its own
+client split).
+
 A replica is a complete federation with its own values: `seed` (its
-initialisation, training randomness and data order) and any *traced* field (a
+initialisation, training randomness and data order), `split_seed` (the many-task
+setting's client split, `engines/many_replicas.py`; a dense run's split is
+structural) and any *traced* field (a
 field declared with `traced=True`: a value the round programs read while they are
 traced, so one program serves every value). Everything else (model, scenario,
 algorithm, data) is structural: one program cannot hold two of them, and a sweep
@@ -30,6 +39,9 @@ from typing import Any
 from fedjax_mtl import fields
 from fedjax_mtl.errors import ConfigError
 
+SEEDS = ('seed', 'split_seed')  # the untraced fields a sweep may vary (`check` says where)
+
+
 def traced_fields(table: dict[str, fields.Field]) -> dict[str, fields.Field]:
   """{dotted name: Field} of the fields of `table` a sweep may vary besides `seed`."""
   return {n: f for n, f in table.items() if f.traced}
@@ -37,17 +49,20 @@ def traced_fields(table: dict[str, fields.Field]) -> dict[str, fields.Field]:
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """The replicas of a run: `axes` = ((name, values), ...) in the config's order;
-  `points` = one {name: value} per replica (their product, first axis slowest)."""
+  """The replicas of a run: `axes` = ((name, values), ...) in the config's order, a
+  name 'a+b' zipping fields; `points` = one {field: value} per replica (the axes'
+  product, first axis slowest)."""
   axes: tuple[tuple[str, tuple], ...]
 
   @property
   def names(self) -> tuple[str, ...]:
-    return tuple(n for n, _ in self.axes)
+    """Every swept field (a zipped axis' each)."""
+    return tuple(f for n, _ in self.axes for f in n.split('+'))
 
   @functools.cached_property
   def points(self) -> list[dict[str, Any]]:
-    return [dict(zip(self.names, vs)) for vs in itertools.product(*(v for _, v in self.axes))]
+    return [{f: v for (n, _), v in zip(self.axes, vs) for f in n.split('+')}
+            for vs in itertools.product(*(v for _, v in self.axes))]
 
   @property
   def size(self) -> int:
@@ -55,8 +70,12 @@ class Sweep:
 
   @property
   def traced_names(self) -> tuple[str, ...]:
-    """The swept traced fields (every axis but `seed`)."""
-    return tuple(n for n in self.names if n != 'seed')
+    """The swept traced fields (every field but the seeds)."""
+    return tuple(n for n in self.names if n not in SEEDS)
+
+  def split_seed(self, config, r: int) -> int:
+    """Replica `r`'s split_seed (`config.split_seed` when the sweep has none)."""
+    return int(self.points[r].get('split_seed', config.split_seed))
 
   def seed(self, config, r: int) -> int:
     """Replica `r`'s seed (`config.seed` when the sweep has no seed axis)."""
@@ -71,7 +90,7 @@ class Sweep:
     """'seed=1,optim.lr=0.003': what replica `r` is (its sub-workdir's name); without
     the seed with `seed=False` ('' for a sweep of seeds only)."""
     return ','.join(f'{k}={_show(v)}' for k, v in self.points[r].items()
-                    if seed or k != 'seed')
+                    if seed or k not in SEEDS)
 
   def config_of(self, config, r: int):
     """The config of a separate run equal to replica `r` (no sweep)."""
@@ -113,42 +132,50 @@ def parse(text: str, table: dict[str, fields.Field]) -> Sweep | None:
   text = (text or '').strip()
   if not text:
     return None
-  sweepable = ['seed'] + sorted(traced_fields(table))
+  sweepable = list(SEEDS) + sorted(traced_fields(table))
   axes, seen = [], set()
   for part in text.split(';'):
     name, eq, values = part.partition('=')
-    name = name.strip()
-    if not eq or not name or not values.strip():
+    names = [n.strip() for n in name.split('+')]
+    if not eq or not all(names) or not values.strip():
       raise ConfigError(f"sweep axis {part.strip()!r} is not name=v1,v2,...; e.g. "
                         "--config.sweep='seed=0,1,2' or 'optim.lr=1e-3,3e-3;seed=0,1'")
-    if name not in table:
-      raise ConfigError(f'sweep field {name!r} is not a config field; sweepable fields: '
-                        + ', '.join(sweepable))
-    if name not in sweepable:
-      raise ConfigError(f'sweep field {name!r} is structural (its programs differ per '
-                        'value) and cannot vary across replicas; sweepable fields: '
-                        + ', '.join(sweepable))
-    if name in seen:
-      raise ConfigError(f'sweep names {name!r} twice')
-    seen.add(name)
-    vals = tuple(_parse_value(name, v.strip(), table[name]) for v in values.split(','))
-    if len(set(vals)) < len(vals):
-      raise ConfigError(f'sweep repeats a value of {name!r}: {values.strip()}')
-    axes.append((name, vals))
+    for name in names:
+      if name not in table:
+        raise ConfigError(f'sweep field {name!r} is not a config field; sweepable fields: '
+                          + ', '.join(sweepable))
+      if name not in sweepable:
+        raise ConfigError(f'sweep field {name!r} is structural (its programs differ per '
+                          'value) and cannot vary across replicas; sweepable fields: '
+                          + ', '.join(sweepable))
+      if name in seen:
+        raise ConfigError(f'sweep names {name!r} twice')
+      seen.add(name)
+    vals = [tuple(_parse_value(n, v.strip(), table[n]) for v in values.split(','))
+            for n in names]
+    if len(set(vals[0])) < len(vals[0]):
+      raise ConfigError(f'sweep repeats a value of {"+".join(names)!r}: {values.strip()}')
+    axes.append(('+'.join(names), vals[0]))
   return Sweep(tuple(axes))
 
 
 def check(config, sweep: Sweep | None) -> None:
   """ConfigError (one line) when the run's setting cannot hold `sweep` (`config`'s,
-  parsed): replicas run the dense setting on in-memory data in one process."""
+  parsed): replicas run on in-memory data in one process; the many-task setting's
+  own conditions are `engines.many_replicas.check`'s."""
   if sweep is None:
     return
-  if config.get('setting', 'dense') != 'dense':
-    raise ConfigError(f"config.sweep runs replicas of the dense setting only; setting="
-                      f"{config.setting!r} runs one federation per process (sweep='')")
-  if config.data.source != 'synthetic':
-    raise ConfigError("config.sweep needs the in-memory synthetic data (data.source="
-                      "'synthetic'); a streamed data.source='real' run holds one federation")
   if int(config.get('distributed', {}).get('num_processes', 0) or 0) > 1:
     raise ConfigError('config.sweep runs in one process; distributed.num_processes must be '
                       '0 or 1')
+  if config.get('setting', 'dense') == 'many_task':
+    from fedjax_mtl.engines import many_replicas
+    many_replicas.check(config, sweep)
+    return
+  if 'split_seed' in sweep.names:
+    raise ConfigError('sweep field split_seed is structural in the dense setting (the '
+                      "replicas share their clients' data); sweep it in the many-task "
+                      'setting, or run one process per split')
+  if config.data.source != 'synthetic':
+    raise ConfigError("config.sweep needs the in-memory synthetic data (data.source="
+                      "'synthetic'); a streamed data.source='real' run holds one federation")

@@ -14,7 +14,9 @@ method of --methods:
   `--methods=ntkfedavg_keep,fedavg_keep` draws the two methods' per-round accuracy
   curves.
 
-Each run goes to OUT/<method>/seed<S> (a finished run of the same config is
+A method's seeds run as one sweep's replicas (one compiled program,
+`engines/many_replicas.py`) in OUT/<method>/seeds<S,...>, or with --no-replicas
+one run per seed in OUT/<method>/seed<S> (a finished run of the same config is
 reused, as scripts/compare.py does). Every round's evaluation gives the target
 task's accuracy and the mean accuracy of the other tasks. Linearised runs also
 have the linear model's accuracies (evaluation B), drawn dashed.
@@ -124,6 +126,9 @@ def main(argv=None) -> dict:
                       "'many.local_epochs=3' (local work)")
   p.add_argument('--finished_only', action='store_true',
                  help='plot the runs that have finished; run nothing')
+  p.add_argument('--no-replicas', dest='no_replicas', action='store_true',
+                 help="one run per seed; by default a method's seeds run as one sweep's "
+                      'replicas (one compiled program)')
   a = p.parse_args(argv)
   from fedjax_mtl.manytask.setting import benchmark_tasks
   from fedjax_mtl import config_doc
@@ -141,13 +146,15 @@ def main(argv=None) -> dict:
   runs = [f'{m}=' + METHODS[m].format(variant=variant, client=client)
           + f' num_rounds={a.rounds} {a.set}'.rstrip() for m in methods]
   seeds = [int(s) for s in a.seeds.split(',')]
-  plan = compare.plan_runs(runs, seeds, a.out)  # everything is checked before anything runs
+  # Everything is checked before anything runs.
+  plan = compare.plan_runs(runs, seeds, a.out, replicas=not a.no_replicas)
   results: dict[str, list[dict]] = {}
   for run in plan:
     if a.finished_only and run.action != 'reuse':
       continue
     compare.execute(run)
-    results.setdefault(run.name, []).append(curves(run.workdir, a.target))
+    results.setdefault(run.name, []).extend(curves(wd, a.target)
+                                            for _, wd in compare.run_dirs(run))
   if results:
     print(write(results, a.target, a.out))
   return results

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import snapshot
-from fedjax_mtl import compare, report
+from fedjax_mtl import compare, report, validate
 from fedjax_mtl import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,10 +163,15 @@ def test_a_dense_methods_seeds_run_as_one_sweep_unless_no_replicas(tmp_path, tra
   run_compare(tmp_path / 'r', f'fedavg={FEDAVG}', extra=['--seeds', '0,1'])
   assert len(trained) == 1  # the finished sweep is reused
   run_compare(tmp_path / 'n', f'fedavg={FEDAVG}', extra=['--seeds', '0,1', '--no-replicas'])
-  run_compare(tmp_path / 'm', f'fedavg={FEDAVG8}', extra=['--seeds', '0,1'])
+  # Many-task: a Dirichlet allocation (its task counts drawn per split) one run per
+  # seed; one task per client (mini8's default) a sweep of seed+split_seed.
+  run_compare(tmp_path / 'm', f'fedavg={FEDAVG8} many.zeta_t=0.5', extra=['--seeds', '0,1'])
   assert [w for _, w in trained[1:]] == [str(tmp_path / d / 'fedavg' / f'seed{s}')
                                          for d in 'nm' for s in (0, 1)]
-  assert all(not c.get('sweep', '') for c, _ in trained[1:])  # many-task: one run per seed
+  assert all(not c.get('sweep', '') for c, _ in trained[1:])
+  run_compare(tmp_path / 'k', f'fedavg={FEDAVG8}', extra=['--seeds', '0,1'])
+  assert trained[-1][1] == str(tmp_path / 'k' / 'fedavg' / 'seeds0,1')
+  assert trained[-1][0].sweep == 'seed+split_seed=0,1'
 
 
 def test_a_method_a_sweep_cannot_hold_runs_one_process_per_seed(tmp_path, trained):
@@ -330,9 +335,12 @@ def test_many_task_and_dense_runs_do_not_mix(tmp_path, trained, capsys):
 
 
 def test_the_seed_sets_the_split_of_many_task_runs_only(tmp_path, trained):
-  run_compare(tmp_path / 'many', f'fedavg={FEDAVG8}', extra=['--seeds', '3,4'])
+  run_compare(tmp_path / 'many', f'fedavg={FEDAVG8}', extra=['--seeds', '3,4', '--no-replicas'])
   run_compare(tmp_path / 'dense', f'fedavg={FEDAVG} split_seed=7', extra=['--seeds', '3'])
   assert [(c.seed, c.split_seed) for c, _ in trained] == [(3, 3), (4, 4), (3, 7)]
+  run_compare(tmp_path / 'sweep', f'fedavg={FEDAVG8}', extra=['--seeds', '3,4'])
+  s = validate.sweep_of(trained[-1][0])  # as replicas: each its own split too
+  assert [(p['seed'], p['split_seed']) for p in s.points] == [(3, 3), (4, 4)]
 
 
 def _comm_run(values: dict[int, float], up: int) -> list[dict]:

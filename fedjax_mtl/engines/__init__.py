@@ -5,6 +5,9 @@
 - `dense` (`engines/dense.py`): hetero-client dense prediction, FedHCA2's setting;
 - `many_task` (`engines/many_task.py`): ViT + LoRA classification with many-task
   clients, MaTU's setting.
+
+A sweep (`config.sweep`) runs either as replicas in one program: `engines/replicas.py`
+(dense), `engines/many_replicas.py` (many-task).
 """
 
 from __future__ import annotations
@@ -78,11 +81,16 @@ class Engine(Protocol):
 def build(config) -> Engine:
   """The engine of `config.setting`, built (data opened by `Engine.open`)."""
   check_choice('setting', config.get('setting', 'dense'), SETTINGS)
+  from fedjax_mtl import sweep, validate
+  swept = validate.sweep_of(config)
   if config.get('setting', 'dense') == 'many_task':
+    if swept is not None:
+      from fedjax_mtl.engines import many_replicas
+      sweep.check(config, swept)
+      return many_replicas.ManyTaskReplicaEngine(config, swept)
     from fedjax_mtl.engines.many_task import ManyTaskEngine
     return ManyTaskEngine(config)
-  from fedjax_mtl import experiment, sweep, validate
-  swept = validate.sweep_of(config)
+  from fedjax_mtl import experiment
   if swept is not None:
     from fedjax_mtl.engines import replicas
     sweep.check(config, swept)

@@ -36,8 +36,18 @@ class ManyTaskEngine:
     if float(config.get('participation', 1.0)) != 1.0:
       raise ConfigError(f'participation={config.participation!r} is the dense engine\'s; the '
                         'many-task setting samples its clients with many.participation')
+    self._setup(config, run_lib.build_run(config))  # every input is read (and checked) here
+
+  @classmethod
+  def of_run(cls, config, run: run_lib.Run) -> 'ManyTaskEngine':
+    """The engine of an already built `run` (a sweep replica's records and reports)."""
+    self = cls.__new__(cls)
+    self._setup(config, run)
+    return self
+
+  def _setup(self, config, run: run_lib.Run) -> None:
     self.config = config
-    self.run = run_lib.build_run(config)  # every input is read (and checked) here
+    self.run = run
     setting = self.run.setting
     self.label = (f'{config.algorithm} {config.many.num_clients} clients, '
                   f'{setting.num_tasks} tasks')

@@ -31,8 +31,10 @@ task, averaged per task by the caller, MaTU spec §7 item 9).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import flax.struct
 import jax
@@ -40,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_mtl import fields
 from fedjax_mtl.algorithms.base import (Algorithm, ClientCtx, ServerInputs, ServerState,
                                         linear_outputs, role_view)
 from fedjax_mtl.local_training import batch_plan, sgd_step
@@ -125,6 +128,44 @@ def client_segments(clients: jax.Array) -> jax.Array:
   return jnp.where(clients >= 0, jnp.argmax(same, axis=1), jnp.arange(s)).astype(jnp.int32)
 
 
+class Tables(NamedTuple):
+  """What a run's programs read of its client split, and its initialisation: the
+  single run closes over them (constants); a sweep's replica programs
+  (`engines/many_replicas.py`) trace each replica's as inputs (`replica_tables`)."""
+  pair_task: Any  # [M + 1] task of each pair (the dummy: 0)
+  pair_counts: Any  # [M + 1] training examples of each pair (the dummy: 0)
+  pair_client: Any  # [M + 1] client of each pair (the dummy: -1)
+  origin: dict | None  # the trainable leaves' initialisation (`make_round`'s `origin`)
+
+
+def tables(setting: Setting, origin: dict | None = None) -> Tables:
+  """`setting`'s tables (host arrays) with `origin`."""
+  return Tables(pair_task=setting.pair_task, pair_counts=setting.pair_counts,
+                pair_client=np.append(setting.pairs[:, 0], -1).astype(np.int32),
+                origin=origin)
+
+
+_TABLES: contextvars.ContextVar[Tables | None] = contextvars.ContextVar('many_task_tables',
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def replica_tables(t: Tables) -> Iterator[None]:
+  """Trace the programs of `round_parts`, `make_round` and `make_eval` with `t` (a
+  replica's traced tables) in place of the ones they were built with."""
+  token = _TABLES.set(t)
+  try:
+    yield
+  finally:
+    _TABLES.reset(token)
+
+
+def _current(own: Tables) -> Tables:
+  """The tables of the program being traced: a replica's (`replica_tables`), else `own`."""
+  t = _TABLES.get()
+  return own if t is None else t
+
+
 class RoundParts(NamedTuple):
   """`make_round`'s program in its two halves, plain functions to jit or compose: the
   local training of one slot, and the aggregation of the round's S slots. The Flower
@@ -150,14 +191,17 @@ class RoundParts(NamedTuple):
 def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: dict, *,
                 lr: float, batch_size: int, local_epochs: int, local_steps: int,
                 heads: np.ndarray | None = None, origin: dict | None = None,
-                task_epochs: np.ndarray | None = None, max_steps: int = 0) -> RoundParts:
-  """`make_round`'s halves (`RoundParts`), of the same arguments but the mesh."""
+                task_epochs: np.ndarray | None = None, max_steps: int = 0,
+                steps_per_epoch: int = 0) -> RoundParts:
+  """`make_round`'s halves (`RoundParts`), of the same arguments but the mesh.
+  `steps_per_epoch` > 0 replaces the largest pair's (a sweep's replicas share the
+  largest of theirs: the steps past a pair's own are masked)."""
   inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
-  pair_task = jnp.asarray(setting.pair_task)
-  pair_counts = jnp.asarray(setting.pair_counts)
-  pair_client = jnp.asarray(np.append(setting.pairs[:, 0], -1).astype(np.int32))
+  own = tables(setting, origin)
+  tab = lambda: _current(own)
   num_tasks, s = setting.num_tasks, setting.num_slots
-  steps_per_epoch = max(1, math.ceil(int(setting.counts.max()) / batch_size))
+  if not steps_per_epoch:
+    steps_per_epoch = max(1, math.ceil(int(setting.counts.max()) / batch_size))
   axes = _axes(where)
   shared = alg.shared_roles
   client = alg.client
@@ -166,7 +210,7 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
       client.linearize_at == 'origin' and origin is None):
     raise ValueError(f'Client.linearize_at={client.linearize_at!r} needs start, or origin '
                      'with the origin given')
-  point_of = ((lambda start: {**start, **{k: jnp.asarray(origin[k]) for k in start}})
+  point_of = ((lambda start: {**start, **{k: jnp.asarray(tab().origin[k]) for k in start}})
               if client.linearize_at == 'origin' else (lambda start: start))
 
   def loss_fn(params, start, backbone, images, labels, task):
@@ -188,8 +232,10 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
     epochs_of_task = jnp.asarray(task_epochs, jnp.int32)
 
   def train_slot(start, backbone, pair, row, key, images, labels):
-    task = pair_task[pair]
-    idx, mask = _plan(row, pair_counts[pair], key, local_epochs, steps_per_epoch,
+    t = tab()
+    task = jnp.asarray(t.pair_task)[pair]
+    lr_now = fields.traced_value('optim.lr', lr)  # a sweep replica's, else the config's
+    idx, mask = _plan(row, jnp.asarray(t.pair_counts)[pair], key, local_epochs, steps_per_epoch,
                       local_steps, batch_size,
                       None if task_epochs is None else epochs_of_task[task], max_steps)
     params = jax.tree.map(jnp.asarray, start)
@@ -198,7 +244,7 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
       params, opt = carry
       i, m = inp
       loss, grads = grad_fn(params, start, backbone, images[i], labels[i], task)
-      new, new_opt = sgd_step(tx, lr, grads, opt, params, None)
+      new, new_opt = sgd_step(tx, lr_now, grads, opt, params, None)
       keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(m, x, y), a, b)
       return (keep(new, params), keep(new_opt, opt)), loss * m
 
@@ -213,7 +259,7 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
     return params, upload, jnp.float32(0.), jnp.int32(0)
 
   def slot_start(state: ManyState, slots):
-    task = pair_task[slots]
+    task = jnp.asarray(tab().pair_task)[slots]
     return {**state.shared,
             **{k: v[task] for k, v in state.task_rows.items()},
             **{k: v[slots] for k, v in state.pair_rows.items()}}
@@ -223,9 +269,11 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
                                                  i))(slots)
 
   def aggregate(state: ManyState, slots, start, trained, uploads, loss, steps):
-    task = pair_task[slots]
-    counts = pair_counts[slots]
-    clients = pair_client[slots]
+    t = tab()
+    task = jnp.asarray(t.pair_task)[slots]
+    counts = jnp.asarray(t.pair_counts)[slots]
+    clients = jnp.asarray(t.pair_client)[slots]
+    origin = t.origin
     full_start = {k: (jnp.broadcast_to(v, (s,) + v.shape) if axes[k] is None else v)
                   for k, v in start.items()}
     x = ServerInputs(prev={r: role_view(full_start, roles, r) for r in shared},
@@ -270,7 +318,7 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
                lr: float, batch_size: int, local_epochs: int, local_steps: int,
                heads: np.ndarray | None = None, origin: dict | None = None,
                task_epochs: np.ndarray | None = None, mesh: Mesh | None = None,
-               max_steps: int = 0, max_parallel: int = 0):
+               max_steps: int = 0, max_parallel: int = 0, steps_per_epoch: int = 0):
   """Jitted `(state, backbone, slots [S], rows [S, max_n], images, labels) -> (state,
   outputs)`.
 
@@ -296,7 +344,8 @@ def make_round(setting: Setting, model, alg: Algorithm, tx, roles: dict, where: 
   """
   parts = round_parts(setting, model, alg, tx, roles, where, lr=lr, batch_size=batch_size,
                       local_epochs=local_epochs, local_steps=local_steps, heads=heads,
-                      origin=origin, task_epochs=task_epochs, max_steps=max_steps)
+                      origin=origin, task_epochs=task_epochs, max_steps=max_steps,
+                      steps_per_epoch=steps_per_epoch)
   spread = mesh is not None and mesh.size > 1
   if spread:
     by_slot = NamedSharding(mesh, P('clients'))
@@ -391,12 +440,12 @@ def make_eval(setting: Setting, model, test_counts: np.ndarray, batch: int,
   J_c(x)(θ − c), where c is `start` (the shared leaves at the round's start) with
   the pair's own rows as they are now."""
   inner, finish = model_lib.make_forward_parts(model, np.asarray(setting.num_classes), heads)
-  pair_task = jnp.asarray(setting.pair_task)
+  own = tables(setting)
   counts = jnp.asarray(test_counts, jnp.int32)
   num_batches = max(1, math.ceil(int(np.max(test_counts)) / batch))
 
   def one(state, start, backbone, pair, images, labels, offsets):
-    task = pair_task[pair]
+    task = jnp.asarray(_current(own).pair_task)[pair]
     params = {**state.shared, **{k: v[task] for k, v in state.task_rows.items()},
               **{k: v[pair] for k, v in state.pair_rows.items()}}
     if linear:

@@ -124,6 +124,9 @@ class Run:
   # `round_fn`'s pieces as plain functions (`engine.round_parts`: the Flower adapter
   # trains slots on the clients and aggregates on the server with them).
   round_parts: object = None
+  # (args, keywords) of `engine.round_parts` (a sweep's replicas build their round from
+  # them, `engines/many_replicas.py`).
+  round_spec: tuple = ()
 
 
 def pad_slots(setting: setting_lib.Setting, n: int) -> setting_lib.Setting:
@@ -213,7 +216,8 @@ def build_run(config) -> Run:
              trainable=trainable, roles=roles, where=where, algorithm=alg, round_fn=round_fn,
              eval_fn=eval_fn, eval_pairs=engine.eval_models(setting, where),
              eval_linear_fn=eval_linear_fn,
-             round_parts=engine.round_parts(*round_args, **round_kw))
+             round_parts=engine.round_parts(*round_args, **round_kw),
+             round_spec=(round_args, round_kw))
 
 
 def _tune_block(config):
@@ -326,6 +330,12 @@ def evaluate(run: Run, state, test, start=None) -> list[dict]:
   if start is not None:
     outs.append(('_linear', distributed.host_get(run.eval_linear_fn(state, start, run.backbone, pairs,
                                                               *test))))
+  return eval_rows(run, outs)
+
+
+def eval_rows(run: Run, outs: list[tuple[str, tuple]]) -> list[dict]:
+  """`evaluate`'s rows of the evaluation programs' host outputs: (suffix, (correct
+  [E], loss [E])) per program ('' and, for evaluation B, '_linear')."""
   counts = [len(y) for _, y in run.data.test]
   rows = []
   for t, task in enumerate(run.setting.tasks):
