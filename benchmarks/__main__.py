@@ -35,6 +35,8 @@
   replicas    --only=replicas     the default config's 3 seeds as 3 cold runs vs one
                                   sweep (config.sweep='seed=0,1,2'): wall, compile,
                                   round throughput per replica
+              --only=many_replicas  the same for MaTU on mini8 (configs/matu.py), each
+                                  seed with its own client split (seed+split_seed)
               --only=replica_scaling  sweeps of R = --replicas seeds (default 1,4,16) of the
                                   default config and of it at Swin-T 224²: rounds/s, MFU
   edge        --only=odsf         host-side edge odsF at PASCAL size (500x375): seconds per
@@ -125,6 +127,7 @@ RUNS = {
     'flower': lambda a: {'flower': multihost.bench_flower()},
     'odsf': lambda a: {'odsf': edge.bench(a)},
     'replicas': lambda a: {'replicas': replicas.bench_replicas()},
+    'many_replicas': lambda a: {'many_replicas': replicas.bench_many_replicas()},
     'wrappers': lambda a: {'wrappers': fl.bench_wrappers(a.repeats)},
     'participation': lambda a: {'participation': fl.bench_participation(a.repeats)},
     'replica_scaling': lambda a: {'replica_scaling': replicas.bench_replica_scaling(
@@ -139,7 +142,7 @@ PARTS = ('engine', 'pipeline', 'hca2', 'swin_t_128', 'swin_t_224', 'swin_memory'
          'algorithms', 'rules', 'engine_agg', 'augment', 'top_rho', 'dea_engine', 'memory',
          'unified_memory', 'many_memory', 'vit_lora', 'matu_server', 'matu_client', 'gpu',
          'ntk_step', 'ntk_alpha', 'scan_conv', 'multihost', 'flower', 'odsf', 'replicas',
-         'replica_scaling', 'wrappers', 'participation')
+         'many_replicas', 'replica_scaling', 'wrappers', 'participation')
 CHOICES = (*RUNS, 'all')
 
 

@@ -1,8 +1,9 @@
 """Sweeps. `--only=replicas`: the seeds of one config as separate runs against one
 sweep's replicas (`config.sweep='seed=...'`, one compiled program), each a cold
 `python -m fedjax_mtl.main` process (no compilation cache) one after the other.
-`--only=replica_scaling`: rounds per second and MFU of sweeps of R = 1, 4, 16
-replicas in one process (for an accelerator).
+`--only=many_replicas`: the same for the many-task setting (MaTU on mini8, each
+seed with its own client split). `--only=replica_scaling`: rounds per second and MFU
+of sweeps of R = 1, 4, 16 replicas in one process (for an accelerator).
 """
 
 from __future__ import annotations
@@ -80,6 +81,45 @@ def bench_replicas(config: str = 'configs/hca2.py', seeds: tuple[int, ...] = (0,
     out['final_metric_diff_over_seed_std'] = {'max': round(ratios[worst], 3), 'metric': worst,
                                               'median': round(float(np.median(
                                                   list(ratios.values()))), 3)}
+  return out
+
+
+def bench_many_replicas(config: str = 'configs/matu.py', seeds: tuple[int, ...] = (0, 1, 2),
+                        rounds: int = 0) -> dict:
+  """`bench_replicas` for the many-task setting: `seeds` of `config` (each with its own
+  client split, `split_seed = seed`, as scripts/compare.py and matu_figures.py run
+  them) as separate cold runs and as one cold sweep (`seed+split_seed=...`); a
+  replica's final accuracies against its separate run's (`rounds` > 0 overrides the
+  config's rounds)."""
+  from fedjax_mtl import compare
+  out: dict = {'config': config, 'replicas': len(seeds)}
+  extra = [f'--config.num_rounds={rounds}'] if rounds else []
+  with tempfile.TemporaryDirectory() as tmp:
+    walls, single_rounds, sep_dirs = [], [], []
+    for s in seeds:
+      wd = os.path.join(tmp, f'seed{s}')
+      wall, rows = _run(config, wd, [f'--config.seed={s}', f'--config.split_seed={s}', *extra])
+      walls.append(wall)
+      single_rounds.append(_steady(rows))
+      sep_dirs.append(wd)
+      out.setdefault('separate_compile_s', rows[0]['compile_s'])
+    sweep_wd = os.path.join(tmp, 'sweep')
+    wall, rows = _run(config, sweep_wd,
+                      ['--config.sweep=seed+split_seed=' + ','.join(map(str, seeds)), *extra])
+    out['separate_runs_wall_s'] = [round(w, 1) for w in walls]
+    out['separate_wall_s'] = round(sum(walls), 1)
+    out['sweep_wall_s'] = round(wall, 1)
+    out['sweep_over_separate'] = round(wall / sum(walls), 3)
+    out['sweep_compile_s'] = rows[0]['compile_s']
+    out['single_round_s'] = round(float(np.median(single_rounds)), 3)
+    out['sweep_round_s'] = round(_steady(rows), 3)
+    out['throughput_per_replica'] = round(
+        out['single_round_s'] * len(seeds) / out['sweep_round_s'], 3)
+    theirs = [compare.final_accuracy(wd) for wd in sep_dirs]
+    mine = [compare.final_accuracy(os.path.join(sweep_wd, 'replicas', f'seed={s},split_seed={s}'))
+            for s in seeds]
+    out['final_accuracy_max_abs_diff'] = round(max(abs(m[k] - t[k]) for m, t in zip(mine, theirs)
+                                                   for k in t), 4)
   return out
 
 

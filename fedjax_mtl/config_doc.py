@@ -4,7 +4,7 @@
     python -m fedjax_mtl.config_doc                         # all fields, every block
 
 Prints `name = default  # meaning (valid range)` per field, `[sweepable]` after the
-fields a `config.sweep` may vary (`fields.Field.traced`); the meanings and
+fields a `config.sweep` may vary (`fields.Field.traced`, and the seeds); the meanings and
 ranges are the declarations the run is validated with (`validate.fields_table()`:
 the engine's `defaults.ENGINE` and every plug-in's block).
 """
@@ -16,7 +16,7 @@ import importlib.util
 import os
 import sys
 
-from fedjax_mtl import validate
+from fedjax_mtl import sweep, validate
 from fedjax_mtl.errors import ConfigError
 
 
@@ -110,8 +110,9 @@ def _line(name: str, value) -> str:
   if field is None:
     return f'{name} = {validate.show(value)}  # (undocumented)'
   extra = field.range_text(name.rsplit('.', 1)[-1])
-  if field.traced:
-    extra = (extra + ' ' if extra else '') + '[sweepable]'
+  if field.traced or name in sweep.SEEDS:
+    extra = (extra + ' ' if extra else '') + ('[sweepable, many-task only]'
+                                              if name == 'split_seed' else '[sweepable]')
   return f'{name} = {validate.show(value)}  # {field.meaning}' + (f' {extra}' if extra else '')
 
 

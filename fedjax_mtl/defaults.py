@@ -129,8 +129,9 @@ ENGINE: dict[str, Field] = {
                       'LAYOUTS), e.g. pascal_st_nyud_mt_1c'),
     'seed': Field(0, 'seed of parameter init and training randomness', SEED),
     'sweep': Field('', "replicas of the whole federation in one compiled program: axes "
-                   "'name=v1,v2,...' joined by ';', their product (seed and the traced "
-                   "fields; fedjax_mtl/sweep.py), e.g. 'seed=0,1,2' ('' = one run)"),
+                   "'name=v1,v2,...' joined by ';', their product (seed, split_seed and "
+                   "the traced fields; 'a+b=...' zips fields; fedjax_mtl/sweep.py), e.g. "
+                   "'seed=0,1,2' ('' = one run)"),
     'tasks': Field('', "comma-separated subset of the scenario's tasks ('' = all)"),
     'participation': Field(1.0, 'clients per round: a fraction in (0, 1] or a count >= 2, drawn '
                            'per client group from (seed, round) (fedjax_mtl/participation.py); '

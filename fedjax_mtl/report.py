@@ -230,6 +230,71 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
   return md.getvalue(), buf.getvalue()
 
 
+# ---------------------------------------------------------------- many-task results
+
+
+def final_accuracy(workdir: str) -> dict[str, float]:
+  """{task: top-1 accuracy %} of the last evaluated round of a many-task run."""
+  rows = final_eval_rows(os.path.join(workdir, 'metrics.jsonl'))
+  return {r['task']: float('nan') if r['value'] is None else r['value']
+          for r in rows if r['metric'] == 'accuracy'}
+
+
+def bits_per_task(workdir: str) -> float:
+  """Mean over rounds of a many-task run's uploaded bits per task (0 when none)."""
+  rows = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  bits = [r['bits_per_task'] for r in rows if r.get('type') == 'agg']
+  return float(np.mean(bits)) if bits else 0.
+
+
+def format_bits(bits: float) -> str:
+  """'147.9 k', '6.32 M'; '–' for no upload (e.g. Individual)."""
+  if not np.isfinite(bits) or bits == 0:
+    return '–'
+  if bits >= 1e6:
+    return f'{bits / 1e6:.2f} M'
+  return f'{bits / 1e3:.1f} k' if bits >= 1e3 else f'{bits:.0f}'
+
+
+def many_task_table(results: dict[str, list[dict[str, float]]], reference: str,
+                    bits: dict[str, list[float]],
+                    seconds: dict[str, list[float]] | None = None) -> tuple[str, str]:
+  """Markdown and CSV of MaTU's Table 1/2 (spec matu §5): methods x tasks (top-1
+  accuracy %, mean ± std over seeds), the mean over tasks, the accuracy normalised by
+  the `reference` run of the same seed (mean over tasks of 100·acc / acc_ref), the bits
+  per task (`bits`: method -> per-seed means over rounds) and the seconds per round."""
+  tasks = list(next(iter(results.values()))[0])
+  ref_runs = results.get(reference)
+  md, buf = io.StringIO(), io.StringIO()
+  head = ([t + ' ↑' for t in tasks] + ['avg ↑', f'normalised avg (% of {reference}) ↑',
+                                        'bits/task ↓'] + (['s/round'] if seconds else []))
+  md.write('| method | ' + ' | '.join(head) + ' |\n' + '|---' * (len(head) + 1) + '|\n')
+  w = csv.writer(buf)
+  w.writerow(['method'] + tasks + ['avg', 'normalised_avg', 'bits_per_task']
+             + (['seconds_per_round'] if seconds else []))
+  for name, runs in results.items():
+    acc = np.array([[r.get(t, np.nan) for t in tasks] for r in runs], np.float64)  # [seeds, T]
+    if ref_runs is not None:
+      ref = np.array([[r.get(t, np.nan) for t in tasks] for r in ref_runs], np.float64)
+      with np.errstate(divide='ignore', invalid='ignore'):
+        norm = (100. * acc / ref).mean(axis=1)  # per seed, against the same seed's reference
+    else:
+      norm = np.array([np.nan])
+    # The reference is 100 by definition: one value, no spread.
+    norm_text = (mean_std([norm.mean()], 1) if name == reference
+                 else mean_std(norm, 1))
+    mean_bits = float(np.mean(bits[name]))
+    sec = [f'{np.median(seconds[name]):.2f}'] if seconds else []
+    md.write(f'| {name} | ' + ' | '.join([mean_std(acc[:, i]) for i in range(len(tasks))]
+                                         + [mean_std(acc.mean(axis=1)), norm_text,
+                                            format_bits(mean_bits)] + sec) + ' |\n')
+    w.writerow([name] + [float(v) for v in acc.mean(axis=0)]
+               + [float(acc.mean()), float(norm.mean()), mean_bits]
+               + ([float(np.median(seconds[name]))] if seconds else []))
+  return md.getvalue(), buf.getvalue()
+
+
+
 # ---------------------------------------------------------------------------- plots
 
 _FONT = 7  # legend and tick font size: the plots hold many lines and long client names

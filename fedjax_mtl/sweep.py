@@ -162,15 +162,14 @@ def parse(text: str, table: dict[str, fields.Field]) -> Sweep | None:
 def check(config, sweep: Sweep | None) -> None:
   """ConfigError (one line) when the run's setting cannot hold `sweep` (`config`'s,
   parsed): replicas run on in-memory data in one process; the many-task setting's
-  own conditions are `engines.many_replicas.check`'s."""
+  own conditions are `check_many_task`'s."""
   if sweep is None:
     return
   if int(config.get('distributed', {}).get('num_processes', 0) or 0) > 1:
     raise ConfigError('config.sweep runs in one process; distributed.num_processes must be '
                       '0 or 1')
   if config.get('setting', 'dense') == 'many_task':
-    from fedjax_mtl.engines import many_replicas
-    many_replicas.check(config, sweep)
+    check_many_task(config, sweep)
     return
   if 'split_seed' in sweep.names:
     raise ConfigError('sweep field split_seed is structural in the dense setting (the '
@@ -179,3 +178,30 @@ def check(config, sweep: Sweep | None) -> None:
   if config.data.source != 'synthetic':
     raise ConfigError("config.sweep needs the in-memory synthetic data (data.source="
                       "'synthetic'); a streamed data.source='real' run holds one federation")
+
+
+def check_many_task(config, sweep: Sweep) -> None:
+  """ConfigError (one line) for a many-task run a sweep cannot hold (before anything
+  is built; `engines/many_replicas.py`)."""
+  import jax
+  cfg = config.many
+  if cfg.get('feed', 'device') != 'device':
+    raise ConfigError(f"config.sweep: a many-task sweep's replicas read the training set "
+                      f"from the device (many.feed='device'), got many.feed={cfg.feed!r}")
+  if int(config.get('max_steps_per_round', 0)):
+    raise ConfigError('config.sweep: max_steps_per_round (a rehearsal cap) does not run '
+                      'in a many-task sweep; set it to 0')
+  if int(config.get('num_devices', 0)) > 1 or (
+      not int(config.get('num_devices', 0)) and jax.device_count() > 1):
+    raise ConfigError(f'config.sweep: a many-task sweep runs on one device; set '
+                      f'num_devices=1 (this host has {jax.device_count()})')
+  splits = {sweep.split_seed(config, r) for r in range(sweep.size)}
+  if len(splits) > 1 and not (cfg.tasks_per_client or cfg.client_tasks.strip()
+                              or float(cfg.zeta_t) == 0):
+    raise ConfigError(f'config.sweep: replicas with their own client splits (split_seed) '
+                      f'need a fixed number of tasks per client (many.tasks_per_client, '
+                      f'many.client_tasks or many.zeta_t=0); many.zeta_t={cfg.zeta_t:g} '
+                      'draws it per split')
+  if config.algorithm == 'ntkfedavg' and config.get('ntkfedavg', {}).get('tune_alpha', False):
+    raise ConfigError('config.sweep: ntkfedavg.tune_alpha chooses α per replica on the host '
+                      'between programs; run one process per seed')

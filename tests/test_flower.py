@@ -86,7 +86,7 @@ def test_a_client_with_another_config_refuses_the_run_naming_the_fields(tmp_path
   other.seed = 7
   with pytest.raises(ConfigError, match=r'clients refused the run: client \d: its config '
                      r"differs from the server's in optim\.lr, seed"):
-    simulate.simulate(config(), str(tmp_path / 'wd'), num_workers=1, client_config=other)
+    simulate.in_process(config(), str(tmp_path / 'wd'), client_config=other)
   assert not (tmp_path / 'wd').exists()
 
 

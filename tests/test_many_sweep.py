@@ -89,9 +89,13 @@ def test_each_replica_trains_what_its_separate_run_trains(swept, tmp_path):
 
 def test_linearised_clients_and_evaluation_b_in_a_sweep(tmp_path):
   """NTKFedAvg (linearised clients around the initialisation of each replica's
-  seed, a backbone of each seed, evaluation B): replica 1 against its separate run."""
-  c = sweep_config('ntkfedavg', sweep='seed+split_seed=0,1', num_rounds=1)
+  seed, a backbone of each seed, evaluation B), the replicas vmapped (the MaTU
+  sweep runs them one at a time, a CPU's default): replica 1 against its separate
+  run."""
+  c = sweep_config('ntkfedavg', sweep='seed+split_seed=0,1', num_rounds=1,
+                   **{'many.parallel_replicas': 2})
   c.ntkfedavg.point = 'pretrained'
+  assert build_engine(c).parallel == 2  # (a CPU's default: 1)
   out = train.train_and_evaluate(c, str(tmp_path / 'sweep'))
   s = validate.sweep_of(c)
   sep = separate(s.config_of(c, 1), str(tmp_path / 'sep'))

@@ -4,8 +4,11 @@ with `setting='many_task'`).
 R replicas of the many-task federation (`fedjax_mtl.sweep`: `seed`, `split_seed`
 and traced field values; `scripts/compare.py` and the sweep scripts run a method's
 seeds as `seed+split_seed=...`, each with its own client split) share one round
-program and one evaluation program: the single run's, vmapped over a leading replica
-axis of the state. What differs per replica enters as inputs:
+program and one evaluation program: the single run's over a leading replica axis
+of the state, `many.parallel_replicas` at a time (vmapped; `jax.lax.map` over
+groups of them when fewer than R; by default all on an accelerator, one at a time
+on a CPU, where one replica keeps the cores busy). What differs per replica enters
+as inputs:
 
 - the state (its initial adapters and heads from its seed, its RNG);
 - its client split (`split_seed`): the pair tables (`manytask.engine.Tables`:
@@ -47,35 +50,8 @@ from fedjax_mtl.manytask import model as model_lib
 from fedjax_mtl.manytask import pretrain
 from fedjax_mtl.manytask import run as run_lib
 from fedjax_mtl.manytask import setting as setting_lib
-from fedjax_mtl.models import vit
 
 PyTree = Any
-
-
-def check(config, sweep: sweep_lib.Sweep) -> None:
-  """ConfigError (one line) for a many-task run a sweep cannot hold (before anything
-  is built)."""
-  cfg = config.many
-  if cfg.get('feed', 'device') != 'device':
-    raise ConfigError(f"config.sweep: a many-task sweep's replicas read the training set "
-                      f"from the device (many.feed='device'), got many.feed={cfg.feed!r}")
-  if int(config.get('max_steps_per_round', 0)):
-    raise ConfigError('config.sweep: max_steps_per_round (a rehearsal cap) does not run '
-                      'in a many-task sweep; set it to 0')
-  if int(config.get('num_devices', 0)) > 1 or (
-      not int(config.get('num_devices', 0)) and jax.device_count() > 1):
-    raise ConfigError(f'config.sweep: a many-task sweep runs on one device; set '
-                      f'num_devices=1 (this host has {jax.device_count()})')
-  splits = {sweep.split_seed(config, r) for r in range(sweep.size)}
-  if len(splits) > 1 and not (cfg.tasks_per_client or cfg.client_tasks.strip()
-                              or float(cfg.zeta_t) == 0):
-    raise ConfigError(f'config.sweep: replicas with their own client splits (split_seed) '
-                      f'need a fixed number of tasks per client (many.tasks_per_client, '
-                      f'many.client_tasks or many.zeta_t=0); many.zeta_t={cfg.zeta_t:g} '
-                      'draws it per split')
-  if config.algorithm == 'ntkfedavg' and config.get('ntkfedavg', {}).get('tune_alpha', False):
-    raise ConfigError('config.sweep: ntkfedavg.tune_alpha chooses α per replica on the host '
-                      'between programs; run one process per seed')
 
 
 def _stack(trees: list[PyTree]) -> PyTree:
@@ -90,7 +66,7 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
   """The many-task engine over a sweep's replicas (see the module's docstring)."""
 
   def __init__(self, config, sweep: sweep_lib.Sweep):
-    check(config, sweep)
+    sweep_lib.check_many_task(config, sweep)
     super().__init__(config)
     self.sweep = sweep
     r_count = self.num_replicas = sweep.size
@@ -117,7 +93,10 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
     self.schedules = np.stack([st.schedule for st in settings])
     args, kw = run.round_spec
     # Each replica's trainable initialisation and backbone, as its run makes them.
-    params = [vit.init_params(run.model, jax.random.PRNGKey(int(c.seed))) for c in configs]
+    # (`vit.init_params`' computation, compiled once for every seed)
+    x = jnp.zeros((1, run.model.image_size, run.model.image_size, 3), jnp.float32)
+    init = jax.jit(lambda key: run.model.init(key, x)['params'])
+    params = [init(jax.random.PRNGKey(int(c.seed))) for c in configs]
     split = [model_lib.split(p) for p in params]
     self.per_replica_backbone = not cfg.pretrained
     self.backbone = (jax.device_put(_stack([pretrain.load_backbone(cfg, b) for b, _ in split]),
@@ -139,15 +118,35 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
                               for st in settings)
     single = engine_lib.make_round(*args, **kw, steps_per_epoch=spe,
                                    max_parallel=int(config.get('max_parallel_clients', 0)))
+    # On a CPU one replica's round keeps the cores busy already: one at a time runs a
+    # replica at a single run's speed, all at once (vmapped) measured 0.85x of it
+    # (BENCHMARKS.md, many-task sweeps).
+    self.parallel = int(cfg.parallel_replicas) or (
+        1 if jax.default_backend() == 'cpu' else r_count)
     bb = 0 if self.per_replica_backbone else None
     self.round_program = jax.jit(
-        jax.vmap(self._traced(single.__wrapped__), in_axes=(0, 0, 0, bb, 0, 0, None, None)),
+        self._over_replicas(self._traced(single.__wrapped__), (0, 0, 0, bb, 0, 0, None, None)),
         donate_argnums=2)
-    self.eval_program = jax.jit(jax.vmap(
-        self._traced(run.eval_fn.__wrapped__), in_axes=(0, 0, 0, bb, 0, None, None, None)))
-    self.eval_linear_program = None if run.eval_linear_fn is None else jax.jit(jax.vmap(
-        self._traced(run.eval_linear_fn.__wrapped__),
-        in_axes=(0, 0, 0, 0, bb, 0, None, None, None)))
+    self.eval_program = jax.jit(self._over_replicas(
+        self._traced(run.eval_fn.__wrapped__), (0, 0, 0, bb, 0, None, None, None)))
+    self.eval_linear_program = None if run.eval_linear_fn is None else jax.jit(
+        self._over_replicas(self._traced(run.eval_linear_fn.__wrapped__),
+                            (0, 0, 0, 0, bb, 0, None, None, None)))
+
+  def _over_replicas(self, fn: Callable, in_axes: tuple) -> Callable:
+    """`fn` over the replicas (a leading axis of the arguments whose `in_axes` is 0):
+    all at once (`jax.vmap`) or `self.parallel` at a time (`jax.lax.map`)."""
+    if self.parallel >= self.num_replicas:
+      return jax.vmap(fn, in_axes=in_axes)
+
+    def mapped(*args):
+      per = tuple(a for a, ax in zip(args, in_axes) if ax == 0)
+
+      def one(xs):
+        it = iter(xs)
+        return fn(*(next(it) if ax == 0 else a for a, ax in zip(args, in_axes)))
+      return jax.lax.map(one, per, batch_size=self.parallel if self.parallel > 1 else None)
+    return mapped
 
   @staticmethod
   def _traced(fn: Callable) -> Callable:
@@ -286,7 +285,6 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
   def write_reports(self, rows: list[dict], final: list[dict], workdir: str) -> None:
     """Each replica's sub-workdir (what its separate run writes) and the combined
     table (results.md / .csv: per point, mean ± std over its seeds)."""
-    from fedjax_mtl import compare
     points: dict[str, list[dict[str, float]]] = {}
     bits: dict[str, list[float]] = {}
     for r, view in enumerate(self.views):
@@ -302,8 +300,8 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
               for row in final if row.get('replica') == r and row['type'] == 'eval']
       view.write_reports(mine, last, sub)
       name = self.sweep.label(r, seed=False) or self.config.algorithm
-      points.setdefault(name, []).append(compare.final_accuracy(sub))
-      bits.setdefault(name, []).append(compare.bits_per_task(sub))
-    md, csv_text = compare.many_task_table(points, next(iter(points)), bits)
+      points.setdefault(name, []).append(report.final_accuracy(sub))
+      bits.setdefault(name, []).append(report.bits_per_task(sub))
+    md, csv_text = report.many_task_table(points, next(iter(points)), bits)
     report.atomic_write(os.path.join(workdir, 'results.md'), md)
     report.atomic_write(os.path.join(workdir, 'results.csv'), csv_text)

@@ -392,6 +392,20 @@ def evaluate_reply(rt: ClientRuntime, client: int, kept, content: RecordDict) ->
                      'client': ConfigRecord({'client': client})})
 
 
+def check_run(cfg, client: int, fields) -> None:
+  """A node's answer to the server's handshake: ConfigError (one line naming `client`)
+  when its config `cfg` differs from the server's shared `fields`
+  (`codec.shared_fields`) or holds no client `client`."""
+  diffs = codec.differing_fields(cfg, fields)
+  if diffs:
+    raise ConfigError(f'client {client}: its config differs from the server\'s in '
+                      f'{", ".join(diffs)}')
+  if runtime.is_many_task(cfg):
+    many_task.client_runtime(cfg).check_client(client)
+  else:
+    client_runtime(cfg).locate(client)
+
+
 def make_client_app(config=None) -> ClientApp:
   """A `ClientApp` acting as engine client `partition-id` of the run `config`
   describes (either setting); without `config`, the node reads it from its run config
@@ -406,16 +420,8 @@ def make_client_app(config=None) -> ClientApp:
 
   @app.query()
   def query(msg: Message, context: Context) -> Message:
-    cfg = config_of(context)
     client = partition_id(context)
-    diffs = codec.differing_fields(cfg, msg.content['config']['fields'])
-    if diffs:
-      raise ConfigError(f'client {client}: its config differs from the server\'s in '
-                        f'{", ".join(diffs)}')
-    if runtime.is_many_task(cfg):
-      many_task.client_runtime(cfg).check_client(client)
-    else:
-      client_runtime(cfg).locate(client)
+    check_run(config_of(context), client, msg.content['config']['fields'])
     return Message(RecordDict({'client': ConfigRecord({'client': client})}), reply_to=msg)
 
   @app.train()

@@ -81,11 +81,22 @@ def _simulate(config, workdir, num_workers, client_config):
   return strategy
 
 
-def in_process(config, workdir: str | None = None):
+def in_process(config, workdir: str | None = None, client_config=None):
   """The Flower run's message contents without Flower: the strategy and every client
   in this process, one after the other (what each node would compute, for debugging
-  a config before a deployment and for tests). Returns the strategy (`simulate`)."""
-  from fedjax_mtl.flower import server
+  a config before a deployment and for tests), after the handshake every node
+  answers (`client.check_run`; `client_config`: the clients' config when it should
+  differ from the server's). Returns the strategy (`simulate`)."""
+  from fedjax_mtl.flower import client, codec, server
+  fields = codec.shared_fields(config)
+  errors = []
+  for c in range(runtime.num_clients(config)):
+    try:
+      client.check_run(config if client_config is None else client_config, c, fields)
+    except ConfigError as e:
+      errors.append(str(e))
+  if errors:  # as `nodes.NodeStrategy.handshake` reports them
+    raise ConfigError('clients refused the run: ' + '; '.join(errors))
   with contextlib.ExitStack() as hold:
     if workdir:
       server.claim_workdir(workdir, hold)

@@ -57,6 +57,10 @@ CONFIG = fields.Block('many', {
                          'tasks at 224)', choices=('device', 'round')),
     'participation': fields.Field(1.0, 'many_task: participation ξ, the fraction of clients per '
                                   'round', fields.fraction()),
+    'parallel_replicas': fields.Field(0, "many_task: a sweep's replicas run this many at once "
+                                      '(engines/many_replicas.py; 0 = all at once on an '
+                                      'accelerator, one at a time on a CPU)',
+                                      fields.at_least(0)),
     'local_epochs': fields.Field(1, 'many_task: local epochs per pair and round (0 with '
                                  'local_steps)', fields.at_least(0)),
     'local_steps': fields.Field(0, 'many_task: local steps per pair and round instead of '
