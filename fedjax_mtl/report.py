@@ -184,9 +184,14 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
   then the privacy spent (ε at the runs' δ, '–' without DP) when `epsilons` holds one.
 
   Δm of a method is against `reference`, or against `pairs[method]` where given
-  (e.g. each +DEA row against its base, as FedDEA's tables report it)."""
+  (e.g. each +DEA row against its base, as FedDEA's tables report it). Runs of
+  different scenarios (FedHCA2 Tab. 4: single-task clients alone, and with
+  multi-task ones) share one table: the columns are every run's client tasks ('–'
+  where a method has none), and a method's Δm is over the client tasks it shares
+  with its reference, said below the table."""
   from fedjax_mtl.metrics.delta_m import delta_m
-  cols = list(next(iter(results.values()))[0])
+  cols = list(dict.fromkeys(k for runs in results.values() for r in runs for k in r))
+  notes = []
   pairs = pairs or {}
   # Only when every run of every method has its 'comm' rows (a dense run).
   traffic = traffic if traffic and all(traffic.get(m) and None not in traffic[m]
@@ -207,13 +212,19 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
              + (['epsilon'] if epsilons else []))
 
   for name, runs in results.items():
-    per_col = [[r[c] for r in runs] for c in cols]
+    per_col = [[r.get(c, float('nan')) for r in runs] for c in cols]
     ref_name = pairs.get(name, reference)
     ref_runs = results.get(ref_name)
-    if ref_runs is not None:
-      # Δm per seed against the reference run of the same seed.
-      dms = [delta_m(r, ref, lower_is_better=column_lower_is_better)
+    shared = ([k for k in cols if k in runs[0] and k in ref_runs[0]]
+              if ref_runs is not None else [])
+    if shared:
+      # Δm per seed against the reference run of the same seed, over their shared tasks.
+      dms = [delta_m({k: r[k] for k in shared}, {k: ref[k] for k in shared},
+                     lower_is_better=column_lower_is_better)
              for r, ref in zip(runs, ref_runs)]
+      if len(shared) < max(len(runs[0]), len(ref_runs[0])):
+        notes.append(f'Δm of {name}: over the {len(shared)} client tasks it shares with '
+                     f'{ref_name}.')
     else:
       dms = [float('nan')]
     sec = [f' {np.median(seconds[name]):.2f} |'] if seconds else []
@@ -227,6 +238,8 @@ def comparison_table(results: dict[str, list[dict[str, float]]],
     w.writerow([name] + [float(np.mean(v)) for v in per_col] + [float(np.mean(dms))]
                + ([float(np.median(seconds[name]))] if seconds else []) + mb
                + (['' if eps is None else eps] if epsilons else []))
+  if notes:
+    md.write('\n' + '\n'.join(notes) + '\n')
   return md.getvalue(), buf.getvalue()
 
 

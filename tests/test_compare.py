@@ -265,6 +265,21 @@ def test_pairs_give_a_method_its_own_delta_m_reference():
   assert ',5.0' in csv_text.splitlines()[2]
 
 
+def test_runs_of_different_scenarios_compare_on_their_shared_client_tasks():
+  """FedHCA2 Tab. 4: single-task clients alone (ST) and with a multi-task client
+  (ST+MT); Δm over the tasks both have, said below the table."""
+  st = {'nyud_st_semseg_0/semseg mIoU': 30., 'nyud_st_depth_1/depth RMSE': 1.0}
+  st_mt = {'nyud_st_semseg_0/semseg mIoU': 33., 'nyud_st_depth_1/depth RMSE': 0.9,
+           'pascal_mt_mt_0/semseg mIoU': 20.}
+  md, csv_text = report.comparison_table({'st_local': [st], 'st_mt': [st_mt]}, 'st_local')
+  lines = md.splitlines()
+  assert lines[0].count('↑') + lines[0].count('↓') == 4  # 3 columns and Δm
+  assert lines[2].split(' | ')[3] == '–'  # st_local has no multi-task client
+  assert '10.00' in lines[3]  # (33/30 - 1 + 1 - 0.9/1.0) / 2
+  assert lines[-1] == 'Δm of st_mt: over the 2 client tasks it shares with st_local.'
+  assert float(csv_text.splitlines()[2].split(',')[-1]) == pytest.approx(10.)
+
+
 def test_a_pair_naming_an_unknown_run_is_one_error_line(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     compare.main(['--out', str(tmp_path), '--run', f'a={FEDAVG}', '--pair', 'a=b'])
