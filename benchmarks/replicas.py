@@ -44,24 +44,24 @@ def _finals(workdir: str) -> dict:
   return report.final_metrics(workdir)
 
 
-def bench_replicas(config: str = 'configs/hca2.py', seeds: tuple[int, ...] = (0, 1, 2)) -> dict:
-  """Wall seconds of `seeds` as separate cold runs (summed) and as one cold sweep; the
-  rounds' throughput per replica (a single run's steady round seconds over the
-  sweep's divided by R); compile seconds of both; and how far a replica's final
-  metrics are from its separate run's, in units of the seeds' spread."""
+def _separate_and_sweep(config: str, seeds: tuple[int, ...], seed_args, sweep: str,
+                        extra: list[str], compare_finals) -> dict:
+  """`seeds` of `config` as separate cold runs (`seed_args(s)`: a run's flags) and as
+  one cold sweep (`--config.sweep=<sweep>`), each with `extra` flags: wall and compile
+  seconds, steady rounds and the throughput per replica, and `compare_finals(separate
+  workdirs, replica workdirs)`'s entries."""
   out: dict = {'config': config, 'replicas': len(seeds)}
   with tempfile.TemporaryDirectory() as tmp:
     walls, single_rounds, sep_dirs = [], [], []
     for s in seeds:
       wd = os.path.join(tmp, f'seed{s}')
-      wall, rows = _run(config, wd, [f'--config.seed={s}'])
+      wall, rows = _run(config, wd, [*seed_args(s), *extra])
       walls.append(wall)
       single_rounds.append(_steady(rows))
       sep_dirs.append(wd)
       out.setdefault('separate_compile_s', rows[0]['compile_s'])
     sweep_wd = os.path.join(tmp, 'sweep')
-    sweep = 'seed=' + ','.join(map(str, seeds))
-    wall, rows = _run(config, sweep_wd, [f'--config.sweep={sweep}'])
+    wall, rows = _run(config, sweep_wd, [f'--config.sweep={sweep}', *extra])
     out['separate_runs_wall_s'] = [round(w, 1) for w in walls]
     out['separate_wall_s'] = round(sum(walls), 1)
     out['sweep_wall_s'] = round(wall, 1)
@@ -71,17 +71,33 @@ def bench_replicas(config: str = 'configs/hca2.py', seeds: tuple[int, ...] = (0,
     out['sweep_round_s'] = round(_steady(rows), 3)
     out['throughput_per_replica'] = round(
         out['single_round_s'] * len(seeds) / out['sweep_round_s'], 3)
+    # A replica's folder is named 'seed=<s>[,...]' (`Sweep.label`).
+    by_seed = {int(label.split(',')[0].split('=')[1]): label
+               for label in os.listdir(os.path.join(sweep_wd, 'replicas'))}
+    replica_dirs = [os.path.join(sweep_wd, 'replicas', by_seed[s]) for s in seeds]
+    out.update(compare_finals(sep_dirs, replica_dirs))
+  return out
+
+
+def bench_replicas(config: str = 'configs/hca2.py', seeds: tuple[int, ...] = (0, 1, 2)) -> dict:
+  """Wall seconds of `seeds` as separate cold runs (summed) and as one cold sweep; the
+  rounds' throughput per replica (a single run's steady round seconds over the
+  sweep's divided by R); compile seconds of both; and how far a replica's final
+  metrics are from its separate run's, in units of the seeds' spread."""
+  def finals(sep_dirs, replica_dirs):
     # Each final metric of a replica against its separate run, in units of that
     # metric's spread (std) over the separate runs' seeds.
     theirs = [_finals(wd) for wd in sep_dirs]
-    mine = [_finals(os.path.join(sweep_wd, 'replicas', f'seed={s}')) for s in seeds]
+    mine = [_finals(wd) for wd in replica_dirs]
     ratios = {k: max(abs(m[k] - t[k]) for m, t in zip(mine, theirs))
               / max(float(np.std([t[k] for t in theirs])), 1e-12) for k in theirs[0]}
     worst = max(ratios, key=ratios.get)
-    out['final_metric_diff_over_seed_std'] = {'max': round(ratios[worst], 3), 'metric': worst,
-                                              'median': round(float(np.median(
-                                                  list(ratios.values()))), 3)}
-  return out
+    return {'final_metric_diff_over_seed_std': {
+        'max': round(ratios[worst], 3), 'metric': worst,
+        'median': round(float(np.median(list(ratios.values()))), 3)}}
+
+  return _separate_and_sweep(config, seeds, lambda s: [f'--config.seed={s}'],
+                             'seed=' + ','.join(map(str, seeds)), [], finals)
 
 
 def bench_many_replicas(config: str = 'configs/matu.py', seeds: tuple[int, ...] = (0, 1, 2),
@@ -91,36 +107,18 @@ def bench_many_replicas(config: str = 'configs/matu.py', seeds: tuple[int, ...] 
   them) as separate cold runs and as one cold sweep (`seed+split_seed=...`); a
   replica's final accuracies against its separate run's (`rounds` > 0 overrides the
   config's rounds)."""
-  from fedjax_mtl import compare
-  out: dict = {'config': config, 'replicas': len(seeds)}
-  extra = [f'--config.num_rounds={rounds}'] if rounds else []
-  with tempfile.TemporaryDirectory() as tmp:
-    walls, single_rounds, sep_dirs = [], [], []
-    for s in seeds:
-      wd = os.path.join(tmp, f'seed{s}')
-      wall, rows = _run(config, wd, [f'--config.seed={s}', f'--config.split_seed={s}', *extra])
-      walls.append(wall)
-      single_rounds.append(_steady(rows))
-      sep_dirs.append(wd)
-      out.setdefault('separate_compile_s', rows[0]['compile_s'])
-    sweep_wd = os.path.join(tmp, 'sweep')
-    wall, rows = _run(config, sweep_wd,
-                      ['--config.sweep=seed+split_seed=' + ','.join(map(str, seeds)), *extra])
-    out['separate_runs_wall_s'] = [round(w, 1) for w in walls]
-    out['separate_wall_s'] = round(sum(walls), 1)
-    out['sweep_wall_s'] = round(wall, 1)
-    out['sweep_over_separate'] = round(wall / sum(walls), 3)
-    out['sweep_compile_s'] = rows[0]['compile_s']
-    out['single_round_s'] = round(float(np.median(single_rounds)), 3)
-    out['sweep_round_s'] = round(_steady(rows), 3)
-    out['throughput_per_replica'] = round(
-        out['single_round_s'] * len(seeds) / out['sweep_round_s'], 3)
-    theirs = [compare.final_accuracy(wd) for wd in sep_dirs]
-    mine = [compare.final_accuracy(os.path.join(sweep_wd, 'replicas', f'seed={s},split_seed={s}'))
-            for s in seeds]
-    out['final_accuracy_max_abs_diff'] = round(max(abs(m[k] - t[k]) for m, t in zip(mine, theirs)
-                                                   for k in t), 4)
-  return out
+  from fedjax_mtl import report
+
+  def finals(sep_dirs, replica_dirs):
+    theirs = [report.final_accuracy(wd) for wd in sep_dirs]
+    mine = [report.final_accuracy(wd) for wd in replica_dirs]
+    return {'final_accuracy_max_abs_diff': round(
+        max(abs(m[k] - t[k]) for m, t in zip(mine, theirs) for k in t), 4)}
+
+  return _separate_and_sweep(
+      config, seeds, lambda s: [f'--config.seed={s}', f'--config.split_seed={s}'],
+      'seed+split_seed=' + ','.join(map(str, seeds)),
+      [f'--config.num_rounds={rounds}'] if rounds else [], finals)
 
 
 # `--only=replica_scaling`: the default config, and its layout at Swin-T 224² (the 1c

@@ -66,8 +66,7 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
   """The many-task engine over a sweep's replicas (see the module's docstring)."""
 
   def __init__(self, config, sweep: sweep_lib.Sweep):
-    sweep_lib.check_many_task(config, sweep)
-    super().__init__(config)
+    super().__init__(config)  # (`engines.build` has run `sweep.check`)
     self.sweep = sweep
     r_count = self.num_replicas = sweep.size
     self.label += f' x{r_count} replicas'
@@ -114,7 +113,7 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
                                      self.sharding)
     self.schedule = jax.device_put(self.schedules, self.sharding)
     steps = int(kw['local_steps'])
-    spe = 0 if steps else max(max(1, -(-int(st.counts.max()) // int(kw['batch_size'])))
+    spe = 0 if steps else max(engine_lib.epoch_steps(st, int(kw['batch_size']))
                               for st in settings)
     single = engine_lib.make_round(*args, **kw, steps_per_epoch=spe,
                                    max_parallel=int(config.get('max_parallel_clients', 0)))
@@ -201,26 +200,11 @@ class ManyTaskReplicaEngine(ManyTaskEngine):
     return jobs
 
   def check_compiled(self, name: str, compiled: Any) -> None:
-    """ConfigError (one line) when the replicas will not fit in the device's memory
-    while `compiled` runs (`engines.replicas.ReplicaEngine.check_compiled`'s rule)."""
+    """`engines.replicas.check_fits` on the run's one device."""
     from fedjax_mtl.engines import replicas
-    analysis = compiled.memory_analysis()
-    if analysis is None:
-      return
-    state = replicas.nbytes(self.abstract_state())
-    data = replicas.nbytes((self.images, self.labels, self.test))
-    program = (analysis.temp_size_in_bytes + analysis.output_size_in_bytes
-               - analysis.alias_size_in_bytes)
-    need = state + data + program
-    limit = 0.9 * replicas.device_memory_bytes(self.run.mesh.devices.flat[0])
-    if need <= limit:
-      return
-    r = self.num_replicas
-    fits = max(0, int((limit - data) // ((need - data) / r)))
-    raise ConfigError(
-        f'config.sweep: {r} replicas need about {need / 2**30:.1f} GiB while {name!r} runs '
-        f"(state, data and the program's own buffers; XLA memory analysis) but "
-        f'{limit / 2**30:.1f} GiB are usable; at most R = {fits} fits')
+    replicas.check_fits(name, compiled, self.num_replicas, replicas.nbytes(self.abstract_state()),
+                        replicas.nbytes((self.images, self.labels, self.test)),
+                        self.run.mesh.devices.flat[0])
 
   # ---- a round ----------------------------------------------------------------------
 

@@ -204,6 +204,28 @@ def device_memory_bytes(device) -> int:
   return hostmem.host_memory_bytes()
 
 
+def check_fits(name: str, compiled: Any, r: int, state: float, data: float, device) -> None:
+  """ConfigError (one line) when `r` replicas will not fit in `device`'s memory while
+  `compiled` runs: the stacked state (`state` bytes per device) and the data (`data`
+  bytes) resident, plus the program's temporaries and new outputs (XLA's memory
+  analysis), against the device's memory (the host's on CPU); the line gives the
+  largest R that fits, taking everything but the data as proportional to R."""
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return
+  program = (analysis.temp_size_in_bytes + analysis.output_size_in_bytes
+             - analysis.alias_size_in_bytes)
+  need = state + data + program
+  limit = 0.9 * device_memory_bytes(device)
+  if need <= limit:
+    return
+  fits = max(0, int((limit - data) // ((need - data) / r)))
+  raise ConfigError(
+      f'config.sweep: {r} replicas need about {need / 2**30:.1f} GiB per device while '
+      f'{name!r} runs (state, data and the program\'s own buffers; XLA memory analysis) '
+      f'but {limit / 2**30:.1f} GiB are usable; at most R = {fits} fits')
+
+
 class ReplicaEngine(DenseEngine):
   """The dense engine over a sweep's replicas (see the module's docstring)."""
 
@@ -298,29 +320,11 @@ class ReplicaEngine(DenseEngine):
     return jobs
 
   def check_compiled(self, name: str, compiled: Any) -> None:
-    """ConfigError (one line) when the replicas will not fit in a device's memory
-    while `compiled` runs: the whole stacked state and the data resident, plus the
-    program's temporaries and new outputs (XLA's memory analysis), against the
-    device's memory (the host's on CPU); the line gives the largest R that fits,
-    taking everything but the data as proportional to R."""
-    analysis = compiled.memory_analysis()
-    if analysis is None:
-      return
-    devices = self.exp.mesh.size
-    state = nbytes(self.abstract_state()) / devices
-    data = nbytes((self.source.train, self.source.test))
-    program = (analysis.temp_size_in_bytes + analysis.output_size_in_bytes
-               - analysis.alias_size_in_bytes)
-    need = state + data + program
-    limit = 0.9 * device_memory_bytes(self.exp.mesh.devices.flat[0])
-    if need <= limit:
-      return
-    r = self.num_replicas
-    fits = max(0, int((limit - data) // ((need - data) / r)))
-    raise ConfigError(
-        f'config.sweep: {r} replicas need about {need / 2**30:.1f} GiB per device while '
-        f'{name!r} runs (state, data and the program\'s own buffers; XLA memory analysis) '
-        f'but {limit / 2**30:.1f} GiB are usable; at most R = {fits} fits')
+    """`check_fits` with the stacked state shared over the mesh's devices and the
+    in-memory data resident."""
+    check_fits(name, compiled, self.num_replicas,
+               nbytes(self.abstract_state()) / self.exp.mesh.size,
+               nbytes((self.source.train, self.source.test)), self.exp.mesh.devices.flat[0])
 
   # ---- a round ----------------------------------------------------------------------
 

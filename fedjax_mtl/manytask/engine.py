@@ -166,6 +166,11 @@ def _current(own: Tables) -> Tables:
   return own if t is None else t
 
 
+def epoch_steps(setting: Setting, batch_size: int) -> int:
+  """Steps of one local epoch of the round program: the largest pair's batches."""
+  return max(1, math.ceil(int(setting.counts.max()) / batch_size))
+
+
 class RoundParts(NamedTuple):
   """`make_round`'s program in its two halves, plain functions to jit or compose: the
   local training of one slot, and the aggregation of the round's S slots. The Flower
@@ -200,8 +205,7 @@ def round_parts(setting: Setting, model, alg: Algorithm, tx, roles: dict, where:
   own = tables(setting, origin)
   tab = lambda: _current(own)
   num_tasks, s = setting.num_tasks, setting.num_slots
-  if not steps_per_epoch:
-    steps_per_epoch = max(1, math.ceil(int(setting.counts.max()) / batch_size))
+  steps_per_epoch = steps_per_epoch or epoch_steps(setting, batch_size)
   axes = _axes(where)
   shared = alg.shared_roles
   client = alg.client
