@@ -50,6 +50,9 @@ class Layout:
   pairs: dict[str, str] = dataclasses.field(default_factory=dict)  # row -> its own reference
   rank_by: str = 'delta_m'  # 'delta_m' or a column key to rank the rows by
   note: str = ''  # what differs from the paper's setting
+  # rows of `runs` the paper's table does not print (e.g. the Local run that Supp. Tabs.
+  # 4-8's Δm is against, printed in Tabs. 1 and 2)
+  unprinted: tuple[str, ...] = ()
 
   def compare_args(self, out: str, seeds: tuple[int, ...] = SEEDS) -> list[str]:
     """`scripts/compare.py`'s arguments that run this table into `out`."""
@@ -74,6 +77,23 @@ def _hca2(variant: str = 'bench', extra: str = '') -> dict[str, tuple[str, str]]
           'FedAMP': ('fedamp', f'configs/fedamp.py:{variant}{x}'),
           'MaT-FL': ('matfl', f'configs/matfl.py:{variant}{x}'),
           'FedHCA2': ('fedhca2', f'configs/hca2.py:{variant}{x}')}
+
+
+def _hca2_values(field: str, values: tuple[str, ...], extra: str = '',
+                 both: str = '') -> dict[str, tuple[str, str]]:
+  """FedHCA2 Supp. Tabs. 4-8: Local, and FedHCA2 at each printed value of `field`
+  (`both`: a second field set to the same value) on `:bench` with `extra` overrides."""
+  x = f' {extra}' if extra else ''
+  runs = {'Local': ('local', f'configs/local.py:bench{x}')}
+  for v in values:
+    sets = f' {field}={v}' + (f' {both}={v}' if both else '')
+    runs[v] = (f"fedhca2_{field.split('.')[-1]}{v}", f'configs/hca2.py:bench{x}{sets}')
+  return runs
+
+
+_BENCH2 = 'scenario=nyud_st_pascal_mt_1c'
+_SUPP_NOTE = ("Δm against our Local run on the same scenario (the paper's Δm is against its "
+              "Tab. {} Local row, which this table does not print)")
 
 
 def _without(runs: dict, *rows: str) -> dict:
@@ -124,6 +144,24 @@ LAYOUTS: dict[str, Layout] = {
         f'fedhca2_supp_tab1_{c}',
         _without(_hca2(extra=f'scenario=pascal_st_nyud_mt_{c}'), 'Ditto'), 'Local')
        for c in ('1c', '2c', '4c')},
+    'fedhca2_supp_tab4': Layout(
+        'fedhca2_supp_tab4', _hca2_values('hca2.alpha_init', ('0.01', '0.1', '0.5', '1'),
+                                          both='hca2.beta_init'),
+        'Local', unprinted=('Local',), note=_SUPP_NOTE.format(1)),
+    'fedhca2_supp_tab5': Layout(
+        'fedhca2_supp_tab5', _hca2_values('hca2.alpha_init', ('0.01', '0.1', '0.5', '1'),
+                                          extra=_BENCH2, both='hca2.beta_init'),
+        'Local', unprinted=('Local',), note=_SUPP_NOTE.format(2)),
+    'fedhca2_supp_tab6': Layout(
+        'fedhca2_supp_tab6', _hca2_values('hca2.hyper_lr', ('0.005', '0.01', '0.05', '0.1')),
+        'Local', unprinted=('Local',), note=_SUPP_NOTE.format(1)),
+    'fedhca2_supp_tab7': Layout(
+        'fedhca2_supp_tab7', _hca2_values('hca2.ca_c', ('0.2', '0.4', '0.6', '0.8')),
+        'Local', unprinted=('Local',), note=_SUPP_NOTE.format(1)),
+    'fedhca2_supp_tab8': Layout(
+        'fedhca2_supp_tab8', _hca2_values('hca2.ca_c', ('0.2', '0.4', '0.6', '0.8'),
+                                          extra=_BENCH2),
+        'Local', unprinted=('Local',), note=_SUPP_NOTE.format(2)),
     'feddea_tab3_nyud': Layout('feddea_tab3_nyud', _dea('nyud'), '',
                                pairs=_dea_pairs(_dea('nyud'))),
     'feddea_tab3_pascal': Layout('feddea_tab3_pascal', _dea('pascal'), '',
@@ -218,6 +256,46 @@ def collect(layout: Layout, out: str) -> list[list]:
   return rows
 
 
+def scene_versions(layout: Layout, out: str) -> list[int]:
+  """The synthetic scene versions (`data.synthetic_version`) of `layout`'s finished
+  dense runs under `out` (none for many-task runs)."""
+  import json
+  seen = set()
+  for name, _ in layout.runs.values():
+    for root, _, files in os.walk(os.path.join(out, name)):
+      if 'config.json' in files and 'results.csv' in files:
+        with open(os.path.join(root, 'config.json')) as f:
+          cfg = json.load(f)
+        if cfg.get('setting', 'dense') == 'dense' and cfg.get('data', {}).get('source',
+                                                                              'synthetic') == 'synthetic':
+          seen.add(int(cfg['data'].get('synthetic_version', 1)))
+  return sorted(seen)
+
+
+def bench_version() -> int:
+  """The scene version `:bench` draws now."""
+  from fedjax_mtl import defaults
+  return int(defaults.base_config('bench').data.synthetic_version)
+
+
+def write_meta(table: str, versions: list[int], raw_dir: str = RAW_DIR) -> str:
+  """Keeps beside the raw CSV the scene versions its runs drew (`read_meta`)."""
+  import json
+  from fedjax_mtl import report
+  path = os.path.join(raw_dir, f'{table}.meta.json')
+  report.atomic_write(path, json.dumps({'synthetic_version': versions}) + '\n')
+  return path
+
+
+def read_meta(table: str, raw_dir: str = RAW_DIR) -> dict:
+  import json
+  path = os.path.join(raw_dir, f'{table}.meta.json')
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
 def write_raw(table: str, rows: list[list], raw_dir: str = RAW_DIR) -> str:
   os.makedirs(raw_dir, exist_ok=True)
   path = os.path.join(raw_dir, f'{table}.csv')
@@ -305,9 +383,12 @@ def _mean_std(vals: list[float], digits: int = 2) -> str:
 
 
 def render(layout: Layout, results: dict[str, dict[int, dict[str, float]]] | None,
-           runs_dir: str = 'runs/paper') -> str:
+           runs_dir: str = 'runs/paper', versions: list[int] | None = None,
+           current: int | None = None) -> str:
   """One table's markdown section: ours beside the paper's, τ and flips; without
-  `results`, the table's command only."""
+  `results`, the table's command only. `versions`: the scene versions the kept runs
+  drew, said below the table, with a warning where they are not `current` (the
+  version `:bench` draws now)."""
   tab = paper_numbers.get(layout.table)
   head = f'### {tab.paper} {tab.table}: {layout.table}\n\n{tab.caption}\n\n'
   cmd = (f'python scripts/paper_tables.py --run={layout.table} --runs={runs_dir} && '
@@ -321,7 +402,9 @@ def render(layout: Layout, results: dict[str, dict[int, dict[str, float]]] | Non
   cols = c['columns']
   md = ['| row | ' + ' | '.join(f'{k} ours | paper' for k in cols) + ' | Δm ours | paper |',
         '|' + '---|' * (2 * len(cols) + 3)]
-  for row, paper_vals in tab.rows.items():
+  printed = list(tab.rows.items())
+  printed += [(row, (None,) * len(cols)) for row in layout.unprinted]
+  for row, paper_vals in printed:
     mine = c['ours'].get(row)
     cells = []
     for i, key in enumerate(cols):
@@ -336,6 +419,12 @@ def render(layout: Layout, results: dict[str, dict[int, dict[str, float]]] | Non
   tail = (f'\nSeeds: {", ".join(map(str, seeds))} (mean ± std). Rank agreement by {by} over '
           f'{len(c["names"])} rows: Kendall τ = {_fmt(c["tau"])}; pairs that flip: '
           f'{flips_txt}.\n')
+  if versions:
+    tail += f'\nScenes: version {", ".join(map(str, versions))} (`data.synthetic_version`).'
+    if current is not None and versions != [current]:
+      tail += (f' **Stale:** `:bench` now draws version {current}; these numbers are '
+               "from the earlier scenes until the table is run again.")
+    tail += '\n'
   return head + '\n'.join(md) + '\n' + tail
 
 
@@ -380,6 +469,8 @@ def main(argv: list[str] | None = None) -> str:
         raise ConfigError(f'no finished runs of {a.collect} under '
                           f'{os.path.join(a.runs, a.collect)}; run --run={a.collect} first')
       print(f'kept {len(rows)} values in {write_raw(a.collect, rows, a.raw)}')
+      write_meta(a.collect, scene_versions(get(a.collect), os.path.join(a.runs, a.collect)),
+                 a.raw)
   except ConfigError as e:
     print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
     raise SystemExit(2) from None
@@ -387,9 +478,12 @@ def main(argv: list[str] | None = None) -> str:
            'Generated by `python scripts/paper_tables.py` (fedjax_mtl/paper_tables.py) from the '
            f'kept results in `{a.raw}`; the papers\' numbers are typed in '
            '(`fedjax_mtl/paper_numbers.py`, table and row named).\n']
+  current = bench_version()
   for name, lay in LAYOUTS.items():  # (each command with the documented runs folder)
     path = os.path.join(a.raw, f'{name}.csv')
-    parts.append(render(lay, read_raw(path) if os.path.exists(path) else None))
+    parts.append(render(lay, read_raw(path) if os.path.exists(path) else None,
+                        versions=read_meta(name, a.raw).get('synthetic_version'),
+                        current=current))
   text = '\n'.join(parts)
   from fedjax_mtl import report
   os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)

@@ -15,7 +15,9 @@ from fedjax_mtl import compare, paper_numbers, paper_tables
 def test_a_layout_covers_its_paper_table_and_its_runs_plan(name, tmp_path):
   lay = paper_tables.LAYOUTS[name]
   tab = paper_numbers.get(lay.table)
-  assert set(lay.runs) == set(tab.rows)  # every printed row has its run, nothing more
+  # every printed row has its run, nothing more but the reference rows it does not print
+  assert set(lay.runs) - set(lay.unprinted) == set(tab.rows)
+  assert set(lay.unprinted) <= set(lay.runs) and not set(lay.unprinted) & set(tab.rows)
   assert not lay.reference or lay.reference in lay.runs
   assert set(lay.pairs) <= set(lay.runs) and set(lay.pairs.values()) <= set(lay.runs)
   assert lay.rank_by == 'delta_m' or lay.rank_by in tab.keys
@@ -82,10 +84,30 @@ def test_delta_m_is_over_the_tables_columns_so_scenarios_may_differ():
   assert c['delta_m']['ST+MT+Ours'] == pytest.approx([10.])
 
 
-def _fake_run(wd, rows):
+def test_a_swept_value_table_is_against_the_local_run_it_does_not_print():
+  """FedHCA2 Supp. Tab. 7 (c): every value's Δm against our Local run, which the
+  rendered table adds as its last row (the paper prints its Local in Tab. 1)."""
+  lay = paper_tables.LAYOUTS['fedhca2_supp_tab7']
+  tab = paper_numbers.get('fedhca2_supp_tab7')
+  base = _as_ours(paper_numbers.get('fedhca2_tab1'), 'Local')
+  results = {'local': {0: base}}
+  for k, row in enumerate(tab.rows):
+    results[lay.runs[row][0]] = {0: {key: v * (1.01 + 0.01 * k) for key, v in base.items()}}
+  c = paper_tables.compare_table(lay, results)
+  assert 'Local' not in c['names'] and len(c['names']) == 4
+  # +1 % on every higher-is-better column, -1 % on every lower-is-better one: Δm 0.
+  lower = [col.lower_better for col in tab.columns]
+  want = 100 * np.mean([-0.01 if lo else 0.01 for lo in lower])
+  assert c['delta_m']['0.2'] == pytest.approx([want])
+  md = paper_tables.render(lay, results)
+  assert md.rstrip().splitlines()[-3].startswith('| Local | ')
+  assert "against its Tab. 1 Local row" in md
+
+
+def _fake_run(wd, rows, version=None):
   os.makedirs(wd, exist_ok=True)
   with open(os.path.join(wd, 'config.json'), 'w') as f:
-    json.dump({'num_rounds': 2}, f)
+    json.dump({'num_rounds': 2, 'data': {'synthetic_version': version or 1}}, f)
   with open(os.path.join(wd, 'metrics.jsonl'), 'w') as f:
     for r in rows:
       f.write(json.dumps({'round': 2, 'type': 'eval', **r}) + '\n')
@@ -95,10 +117,12 @@ def _fake_run(wd, rows):
 def test_collect_reads_per_seed_runs_and_replicas_and_keeps_them(tmp_path, capsys):
   runs = tmp_path / 'runs' / 'fedhca2_tab5'
   row = lambda v: [{'client': 'pascal_mt_mt_0', 'task': 'semseg', 'metric': 'mIoU', 'value': v}]
-  _fake_run(str(runs / 'local' / 'seed0'), row(10.))
-  _fake_run(str(runs / 'local' / 'seed1'), row(12.))
+  now = paper_tables.bench_version()
+  _fake_run(str(runs / 'local' / 'seed0'), row(10.), now)
+  _fake_run(str(runs / 'local' / 'seed1'), row(12.), now)
   for s in (0, 1):
-    _fake_run(str(runs / 'fedhca2' / 'seeds0,1' / 'replicas' / f'seed={s}'), row(11. + s))
+    _fake_run(str(runs / 'fedhca2' / 'seeds0,1' / 'replicas' / f'seed={s}'), row(11. + s),
+              now)
   os.makedirs(runs / 'fedhca2' / 'seeds0,1' / 'replicas' / 'seed=2')  # unfinished: left out
   raw = str(tmp_path / 'raw')
   text = paper_tables.main(['--collect=fedhca2_tab5', f'--runs={tmp_path / "runs"}',
@@ -111,6 +135,16 @@ def test_collect_reads_per_seed_runs_and_replicas_and_keeps_them(tmp_path, capsy
   assert f'| Ours | 11.50 ± 0.50 | {paper:.2f} |' in text and '| 5.00 ± 5.00 |' in text
   assert (tmp_path / 'tables.md').read_text() == text
   assert '### FedHCA2 Table 1: fedhca2_tab1' in text and '_Not run yet._' in text
+  # The scene version the runs drew is kept and said; a table of older scenes is
+  # marked stale.
+  assert paper_tables.read_meta('fedhca2_tab5', raw) == {'synthetic_version': [now]}
+  assert f'Scenes: version {now} (`data.synthetic_version`).\n' in text
+  assert '**Stale:**' not in text
+  _fake_run(str(runs / 'local' / 'seed1'), row(12.), now - 1)
+  text = paper_tables.main(['--collect=fedhca2_tab5', f'--runs={tmp_path / "runs"}',
+                            f'--raw={raw}', f'--out={tmp_path / "tables.md"}'])
+  assert f'Scenes: version {now - 1}, {now}' in text
+  assert f'**Stale:** `:bench` now draws version {now}' in text
 
 
 def test_collecting_a_table_with_no_finished_runs_is_one_line(tmp_path, capsys):

@@ -210,8 +210,8 @@ def test_deterministic_by_split_seed():
 
 
 def test_local_epochs_from_config_with_dataset_defaults():
-  clients = build('pascal_st_nyud_mt_1c')
-  assert {c.dataset: c.local_epochs for c in clients} == {'pascal': 1, 'nyud': 4}
+  clients = build('pascal_st_nyud_mt_1c')  # the default config's: 2 PASCAL epochs a round
+  assert {c.dataset: c.local_epochs for c in clients} == {'pascal': 2, 'nyud': 4}
   clients = build('pascal_st_nyud_mt_1c', local_epochs={'pascal': 3, 'nyud': 2})
   assert {c.dataset: c.local_epochs for c in clients} == {'pascal': 3, 'nyud': 2}
   clients = build('pascal_st_nyud_mt_1c', local_epochs={'pascal': 2})

@@ -41,9 +41,10 @@ CONFIG = fields.Block('data', {
     'synthetic_version': Field(1, 'synthetic data: scene version (1: up to 6 small objects '
                                'of random colours; 2: fewer objects in perspective, a '
                                'colour and stripe texture per class, bumps, a light per '
-                               'scene, the nearest object salient: '
-                               'fedjax_mtl/data/synthetic.py)',
-                               choices=(1, 2)),
+                               'scene, the nearest object salient; 3: version 2 with '
+                               'a size, surface shape and saliency per class and painted '
+                               'strokes: fedjax_mtl/data/synthetic.py)',
+                               choices=(1, 2, 3)),
     'num_train': Field({'pascal': 400, 'nyud': 120}, 'synthetic data, per dataset: number '
                        'of train images', at_least(1), per_dataset=True),
     'num_test': Field({'pascal': 100, 'nyud': 60}, 'synthetic data, per dataset: number '
