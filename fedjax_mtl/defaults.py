@@ -278,7 +278,7 @@ def bench_setting(c: ml_collections.ConfigDict) -> None:
   a colour and texture per class, perspective, bumps, a light per scene; each class's
   size, surface shape and saliency, so every task needs the class; painted strokes
   that are not edges), 1,000 PASCAL-like images over its clients and 240 NYUD-like, the small
-  conv encoder from scratch at lr 5e-3 without warm-up (from scratch, the default's
+  conv encoder from scratch at lr 5e-3 without warm-up (from scratch, `:v1`'s
   Swin-nano and its warm-up epochs at 1.25e-7 leave the 21- and 40-class segmentation
   at the majority class), 2 PASCAL epochs a round and 16 rounds."""
   c.data.synthetic_version = 3

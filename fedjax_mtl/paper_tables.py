@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 import os
 import re
 
@@ -232,10 +233,10 @@ def run_finals(workdir: str) -> dict[str, float]:
   return out
 
 
-def collect(layout: Layout, out: str) -> list[list]:
-  """[method, seed, key, value] rows of every finished run of `layout` under `out`
+def finished_runs(layout: Layout, out: str) -> list[tuple[str, int, str]]:
+  """(method, seed, workdir) of every finished run of `layout` under `out`
   (`scripts/compare.py`'s folders: NAME/seed<S>, or NAME/seeds.../replicas/<label>)."""
-  rows = []
+  runs = []
   for name, _ in layout.runs.values():
     folder = os.path.join(out, name)
     if not os.path.isdir(folder):
@@ -249,26 +250,29 @@ def collect(layout: Layout, out: str) -> list[list]:
           m = re.match(r'seed=(\d+)', label)
           if m:
             dirs.append((int(m.group(1)), os.path.join(folder, d, 'replicas', label)))
-    for seed, wd in dirs:
-      if not os.path.exists(os.path.join(wd, 'results.csv')):
-        continue  # not finished
-      rows += [[name, seed, k, v] for k, v in sorted(run_finals(wd).items())]
+    runs += [(name, seed, wd) for seed, wd in dirs
+             if os.path.exists(os.path.join(wd, 'results.csv'))]  # (else not finished)
+  return runs
+
+
+def collect(layout: Layout, out: str) -> list[list]:
+  """[method, seed, key, value] rows of every finished run of `layout` under `out`."""
+  rows = []
+  for name, seed, wd in finished_runs(layout, out):
+    rows += [[name, seed, k, v] for k, v in sorted(run_finals(wd).items())]
   return rows
 
 
 def scene_versions(layout: Layout, out: str) -> list[int]:
   """The synthetic scene versions (`data.synthetic_version`) of `layout`'s finished
   dense runs under `out` (none for many-task runs)."""
-  import json
   seen = set()
-  for name, _ in layout.runs.values():
-    for root, _, files in os.walk(os.path.join(out, name)):
-      if 'config.json' in files and 'results.csv' in files:
-        with open(os.path.join(root, 'config.json')) as f:
-          cfg = json.load(f)
-        if cfg.get('setting', 'dense') == 'dense' and cfg.get('data', {}).get('source',
-                                                                              'synthetic') == 'synthetic':
-          seen.add(int(cfg['data'].get('synthetic_version', 1)))
+  for _, _, wd in finished_runs(layout, out):
+    with open(os.path.join(wd, 'config.json')) as f:
+      cfg = json.load(f)
+    data = cfg.get('data', {})
+    if cfg.get('setting', 'dense') == 'dense' and data.get('source', 'synthetic') == 'synthetic':
+      seen.add(int(data.get('synthetic_version', 1)))
   return sorted(seen)
 
 
@@ -280,7 +284,6 @@ def bench_version() -> int:
 
 def write_meta(table: str, versions: list[int], raw_dir: str = RAW_DIR) -> str:
   """Keeps beside the raw CSV the scene versions its runs drew (`read_meta`)."""
-  import json
   from fedjax_mtl import report
   path = os.path.join(raw_dir, f'{table}.meta.json')
   report.atomic_write(path, json.dumps({'synthetic_version': versions}) + '\n')
@@ -288,7 +291,6 @@ def write_meta(table: str, versions: list[int], raw_dir: str = RAW_DIR) -> str:
 
 
 def read_meta(table: str, raw_dir: str = RAW_DIR) -> dict:
-  import json
   path = os.path.join(raw_dir, f'{table}.meta.json')
   if not os.path.exists(path):
     return {}

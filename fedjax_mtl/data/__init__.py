@@ -42,8 +42,9 @@ CONFIG = fields.Block('data', {
                                'of random colours; 2: fewer objects in perspective, a '
                                'colour and stripe texture per class, bumps, a light per '
                                'scene, the nearest object salient; 3: version 2 with '
-                               'a size, surface shape and saliency per class and painted '
-                               'strokes: fedjax_mtl/data/synthetic.py)',
+                               'a size, surface shape and saliency per class, tiled '
+                               'NYUD rooms, painted strokes, more and nearer objects: '
+                               'fedjax_mtl/data/synthetic.py)',
                                choices=(1, 2, 3)),
     'num_train': Field({'pascal': 400, 'nyud': 120}, 'synthetic data, per dataset: number '
                        'of train images', at_least(1), per_dataset=True),

@@ -25,7 +25,7 @@ its shading shows), the light direction changes from scene to scene (shading no
 longer gives the normals by itself), only the nearest object is salient, and the
 pixel noise is stronger (sigma 14 instead of 8).
 
-3 (`configs/hca2.py:bench`) keeps version 2's appearance and makes every task need
+3 (the default config and `:bench`) keeps version 2's appearance and makes every task need
 what the segmentation task learns, the class, as real tasks do: each class has a
 physical size (the apparent size is size / distance, so depth needs the class), a
 surface shape (convex, concave, a vertical cylinder or a plane tilted its own way:
@@ -301,15 +301,15 @@ def _bumped(normals: np.ndarray, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
   return (out / np.linalg.norm(out, axis=-1, keepdims=True)).astype(np.float32)
 
 
-def _shaped(shape, tilt, u, v, rx, ry, z0, bulge, surf, nvec):
+def _shaped(shape, tilt, u, v, h, rx, ry, z0, bulge, surf, nvec):
   """Version 3: an object's surface depth and (unnormalised) normals [n, H, W(, 3)] by
   its class's `shape` [n] (0 convex: `surf` and `nvec` as given; 1 concave dish:
   the rim nearest, the normals' x and y flipped; 2 vertical cylinder; 3 plane
   tilted towards `tilt` [n], nearer on that side) from the object's ellipse
-  coordinates (u, v), radii, distance and depth extent `bulge` [n]."""
+  coordinates (u, v), its ellipsoid height `h` (`_ellipsoid`'s; only a plane may be a
+  box), radii, distance and depth extent `bulge` [n]."""
   e = lambda a: a[:, None, None]
   m = e(np.maximum(np.minimum(rx, ry), 1e-3))
-  h = np.sqrt(np.clip(1. - u * u - v * v, 0., 1.))
   concave_surf = e(z0) - e(bulge) * (1. - h)
   concave_n = np.stack([-u / e(rx), v / e(ry), h / m], -1)
   hc = np.sqrt(np.clip(1. - u * u, 0., 1.))
@@ -417,8 +417,7 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
       nz = np.where(box[:, None, None], 1., nz)
     nvec = np.stack([nx, -ny, nz], -1)
     if version == 3:
-      surf, nvec = _shaped(shape[cls], tilt[cls], u, v, rx, ry, z0, bulge, surf, nvec)
-    if version == 3:
+      surf, nvec = _shaped(shape[cls], tilt[cls], u, v, h, rx, ry, z0, bulge, surf, nvec)
       # Objects occlude one another by distance (painter's order: a dish's far centre
       # does not show a farther object through it), the background by depth.
       front = np.where(inst >= 2, z0[:, None, None] < zobj, surf < depth)
