@@ -383,10 +383,34 @@ def test_version_3_normals_follow_the_class_shape(domain):
   assert np.all(cyl[:, 1] < 1e-4) and np.all(plane[:, 2] < 1e-4)  # float32 rounding
 
 
+@pytest.mark.parametrize('domain', DOMAINS)
+def test_version_4_decals_paint_the_image_only(domain):
+  # Version 4 draws version 3's scenes and paints patches over them: every label is
+  # version 3's, bit for bit, and the images differ only inside the patches (not on
+  # PASCAL's sky), where an object's colour and another's stripes show.
+  v3 = synthetic.generate(domain, 'train', 60, RES, seed=2, version=3)
+  v4 = synthetic.generate(domain, 'train', 60, RES, seed=2, version=4)
+  for k in v3:
+    if k != 'image':
+      np.testing.assert_array_equal(v3[k], v4[k], err_msg=k)
+  d = synthetic._draw_v4(domain, synthetic._rng(domain, 'train', 2), 60, *RES)
+  yy, xx = np.meshgrid((np.arange(RES[0]) + .5) / RES[0], (np.arange(RES[1]) + .5) / RES[1],
+                       indexing='ij')
+  (cy, cx), (ry, rx) = (np.moveaxis(d[k], -1, 0)[..., None, None]
+                        for k in ('decal_centre', 'decal_radii'))
+  patch = np.any(((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 < 1., axis=1)
+  changed = np.any(v3['image'] != v4['image'], -1)
+  assert not np.any(changed & ~patch)
+  assert 0.5 < changed.sum() / patch.sum() <= 1.
+  if domain == 'pascal':
+    sky = (v3['semseg'] == 0) & (yy[None] < d['horizon'])
+    assert not np.any(changed & sky)
+
+
 def test_unknown_domain_or_split_raises_config_error():
   with pytest.raises(ConfigError, match="'pascal'"):
     synthetic.generate('cityscapes', 'train', 2)
   with pytest.raises(ConfigError, match="'test'"):
     synthetic.generate('pascal', 'val', 2)
   with pytest.raises(ConfigError, match='synthetic version'):
-    synthetic.generate('pascal', 'train', 2, version=4)
+    synthetic.generate('pascal', 'train', 2, version=max(synthetic.VERSIONS) + 1)

@@ -43,9 +43,10 @@ CONFIG = fields.Block('data', {
                                'colour and stripe texture per class, bumps, a light per '
                                'scene, the nearest object salient; 3: version 2 with '
                                'a size, surface shape and saliency per class, tiled '
-                               'NYUD rooms, painted strokes, more and nearer objects: '
+                               'NYUD rooms, painted strokes, more and nearer objects; '
+                               '4: version 3 with painted patches that are not objects: '
                                'fedjax_mtl/data/synthetic.py)',
-                               choices=(1, 2, 3)),
+                               choices=(1, 2, 3, 4)),
     'num_train': Field({'pascal': 400, 'nyud': 120}, 'synthetic data, per dataset: number '
                        'of train images', at_least(1), per_dataset=True),
     'num_test': Field({'pascal': 100, 'nyud': 60}, 'synthetic data, per dataset: number '

@@ -25,7 +25,7 @@ its shading shows), the light direction changes from scene to scene (shading no
 longer gives the normals by itself), only the nearest object is salient, and the
 pixel noise is stronger (sigma 14 instead of 8).
 
-3 (the default config and `:bench`) keeps version 2's appearance and makes every task need
+3 keeps version 2's appearance and makes every task need
 what the segmentation task learns, the class, as real tasks do: each class has a
 physical size (the apparent size is size / distance, so depth needs the class), a
 surface shape (convex, concave, a vertical cylinder or a plane tilted its own way:
@@ -39,6 +39,14 @@ distance. Scenes hold more and nearer objects (PASCAL 2-4, NYUD 2-5; a size-1 ob
 half the image height at the nearest distance) and more people (a PASCAL object is
 one with probability 0.35, not 0.25). NYUD's boxes are the plane-shaped classes
 (version 2: any object with probability 0.6).
+
+4 (the default config and `:bench`) draws version 3's scenes, label for label, and
+paints three patches over every surface of each (not PASCAL's sky): ellipses up to
+0.3 image heights across, each with one object class's colour and another's stripes,
+shaded as the surface beneath. They are paint, not objects: their outlines are
+intensity steps that are not edges, they hide an object's colour where they cross
+its boundary, and they change the albedo that the shading of the normals is read
+from, so edges and normals, too, need to know what the objects look like.
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ _V3 = {'objects': {'pascal': (2, 4), 'nyud': (2, 5)}, 'person': 0.35, 'near_size
 _TILE = 0.5  # version 3: NYUD's wall and floor tiles, metres
 _BUMPS = 4  # version 2: sinusoids of each scene's bump field
 _STROKES = 5  # version 3: painted strokes per scene
-VERSIONS = (1, 2, 3)
+_DECALS = 3  # version 4: painted patches per scene
+VERSIONS = (1, 2, 3, 4)
 VERSION = 1  # the scenes `generate` draws by default (`data.synthetic_version`)
 
 
@@ -109,7 +118,7 @@ def generate(domain: str, split: str, num_images: int, resolution=(64, 64),
   check_choice('synthetic version', version, VERSIONS)
   n = int(num_images)
   H, W = int(resolution[0]), int(resolution[1])
-  draw = {1: _draw, 2: _draw_v2, 3: _draw_v3}[version]
+  draw = {1: _draw, 2: _draw_v2, 3: _draw_v3, 4: _draw_v4}[version]
   draws = draw(domain, _rng(domain, split, seed), n, H, W)
   render = functools.partial(_render, version=version)
   workers = max(1, min(int(workers or hostmem.host_cores()), n // 16 or 1))
@@ -237,6 +246,39 @@ def _draw_v3(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> d
   d['stroke_width'] = rng.uniform(0.5, 1., size=(n, _STROKES))
   d['stroke_level'] = rng.choice([25., 235.], size=(n, _STROKES))
   return d
+
+
+def _draw_v4(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> dict:
+  """Every random number of `n` version-4 scenes: version 3's (the same scenes), then
+  `_DECALS` painted patches per scene: ellipses (centre, radii in image heights) each
+  painted with one object class's colour and another's stripes (`decal_colour`,
+  `decal_stripes`: class ids) at its own texture phase."""
+  d = _draw_v3(domain, rng, n, H, W)
+  first, num_classes = (1, 21) if domain == 'pascal' else (2, 40)
+  shape = (n, _DECALS)
+  d['decal_centre'] = rng.uniform(0.1, 0.9, size=shape + (2,))
+  d['decal_radii'] = rng.uniform(0.04, 0.15, size=shape + (2,))
+  d['decal_colour'] = rng.integers(first, num_classes, size=shape)
+  d['decal_stripes'] = rng.integers(first, num_classes, size=shape)
+  d['decal_phase'] = rng.uniform(0., 2. * np.pi, size=shape)
+  return d
+
+
+def _decals(d: dict, yy: np.ndarray, xx: np.ndarray, pal: np.ndarray, angle: np.ndarray,
+            freq: np.ndarray, base: np.ndarray, surface: np.ndarray) -> np.ndarray:
+  """Version 4: `base` (the albedo [n, H, W, 3]) with each scene's decals painted over
+  it where `surface` [n, H, W] (the later decal over the earlier): flat paint, not
+  objects, so no label changes; the surface's shading still falls on them."""
+  e = lambda a: a[:, None, None]
+  for k in range(d['decal_colour'].shape[1]):
+    (cy, cx), (ry, rx) = d['decal_centre'][:, k].T, d['decal_radii'][:, k].T
+    inside = (((yy - e(cy)) / e(ry)) ** 2 + ((xx - e(cx)) / e(rx)) ** 2 < 1.) & surface
+    colour, stripes = d['decal_colour'][:, k], d['decal_stripes'][:, k]
+    coord = xx * e(np.cos(angle[stripes])) + yy * e(np.sin(angle[stripes]))
+    paint = pal[colour][:, None, None] * (
+        1. + 0.4 * np.cos(2. * np.pi * e(freq[stripes]) * coord + e(d['decal_phase'][:, k])))[..., None]
+    base = np.where(inside[..., None], paint, base)
+  return base
 
 
 def _tiles(d: dict, yy: np.ndarray, xx: np.ndarray, inst: np.ndarray) -> np.ndarray:
@@ -383,7 +425,7 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
   parts = np.zeros((n, H, W), np.int32)
   salient = np.zeros((n, H, W), bool)
   phase = np.zeros((n, H, W))  # version 2: the visible object's texture phase
-  if version == 3:
+  if version >= 3:
     attrs = _classes_v3(domain)
     shape, tilt = attrs['shape'], attrs['tilt']
     zobj = np.full((n, H, W), np.inf)
@@ -398,7 +440,7 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
     z0 = d[f'z0{j}']
     bulge = np.minimum(rx, ry) * z0  # ellipsoid depth extent, in metres
     u, v, inside, h = _ellipsoid(yy, xx, cy, cx, ry, rx)
-    if version == 3:
+    if version >= 3:
       box = (domain == 'nyud') & (shape[cls] == 3)
     else:
       box = (domain == 'nyud') & (d[f'box{j}'] < 0.6)
@@ -416,7 +458,7 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
       ny = np.where(box[:, None, None], 0., ny)
       nz = np.where(box[:, None, None], 1., nz)
     nvec = np.stack([nx, -ny, nz], -1)
-    if version == 3:
+    if version >= 3:
       surf, nvec = _shaped(shape[cls], tilt[cls], u, v, h, rx, ry, z0, bulge, surf, nvec)
       # Objects occlude one another by distance (painter's order: a dish's far centre
       # does not show a farther object through it), the background by depth.
@@ -448,7 +490,7 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
     # salient class).
     ids = np.arange(obj_classes.shape[1])
     seen = np.stack([np.any(inst == j + 2, axis=(1, 2)) for j in ids], 1)
-    if version == 3:
+    if version >= 3:
       seen &= attrs['salient'][obj_classes]
     z = np.where(seen & (ids[None] < n_obj[:, None]),
                  np.stack([d[f'z0{j}'] for j in ids], 1), np.inf)
@@ -467,8 +509,10 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
     angle, freq = _stripes(domain, num_classes)
     coord = xx * np.cos(angle[sem]) + yy * np.sin(angle[sem])
     base = base * (1. + 0.4 * np.cos(2. * np.pi * freq[sem] * coord + phase))[..., None]
-  if version == 3 and domain == 'nyud':
+  if version >= 3 and domain == 'nyud':
     base = base * _tiles(d, yy, xx, inst)[..., None]
+  if version == 4:  # on every surface but PASCAL's sky
+    base = _decals(d, yy, xx, pal, angle, freq, base, inst != 0 if domain == 'pascal' else inst >= 0)
   if domain == 'pascal':
     sky = (yy < 1.) & (inst == 0)
     base = np.where(sky[..., None], np.stack([110 + 80 * yy, 150 + 60 * yy, 230 + 0 * yy], -1), base)
@@ -481,7 +525,7 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
     lambert = np.einsum('nhwc,nc->nhw', normals, light)
   shade = 0.45 + 0.55 * np.clip(lambert, 0., 1.)
   image = base * shade[..., None]
-  if version == 3:
+  if version >= 3:
     cover, level = _strokes(d, yy, xx, H)
     image = image + cover[..., None] * (level[..., None] - image)
   image = np.clip(image + d['tex'], 0, 255).astype(np.uint8)
