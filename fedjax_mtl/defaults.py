@@ -296,7 +296,7 @@ def default_setting(c: ml_collections.ConfigDict) -> None:
   about two minutes cold on 2 CPU cores): `:bench`'s data, model and schedule
   (`bench_setting`) for 8 rounds instead of 16, on version-3 scenes (version 4's
   painted patches slow segmentation: in 8 rounds FedHCA2 reached PASCAL semseg 18.4
-  mIoU on them, against 23.6 on version 3, in 136 s cold against 106 s)."""
+  mIoU on them, against 23.6 on version 3)."""
   bench_setting(c)
   c.data.synthetic_version = 3
   c.num_rounds = 8

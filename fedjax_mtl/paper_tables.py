@@ -1,6 +1,7 @@
 """The papers' tables with ours beside them (`scripts/paper_tables.py`).
 
-    # run a table's methods and seeds (scripts/compare.py with the table's runs)
+    # run a table's methods and seeds (scripts/compare.py with the table's runs;
+    # a run another table under --runs finished with the same config is copied)
     python scripts/paper_tables.py --run=fedhca2_tab1 --runs=runs/paper
     # keep each run's final metrics in docs/paper_tables/raw/<table>.csv (small)
     python scripts/paper_tables.py --collect=fedhca2_tab1 --runs=runs/paper
@@ -55,13 +56,17 @@ class Layout:
   # 4-8's Δm is against, printed in Tabs. 1 and 2)
   unprinted: tuple[str, ...] = ()
 
+  def run_args(self) -> list[str]:
+    """`scripts/compare.py`'s `--run` values of this table: NAME=SPEC."""
+    return [f'{name}={spec}' for name, spec in self.runs.values()]
+
   def compare_args(self, out: str, seeds: tuple[int, ...] = SEEDS) -> list[str]:
     """`scripts/compare.py`'s arguments that run this table into `out`."""
     args = [f'--out={out}', '--seeds=' + ','.join(map(str, seeds))]
     if self.reference:
       args.append(f'--reference={self.runs[self.reference][0]}')
-    for name, spec in self.runs.values():
-      args += ['--run', f'{name}={spec}']
+    for run in self.run_args():
+      args += ['--run', run]
     for row, ref in self.pairs.items():
       args += ['--pair', f'{self.runs[row][0]}={self.runs[ref][0]}']
     return args
@@ -231,6 +236,48 @@ def run_finals(workdir: str) -> dict[str, float]:
     elif r['metric'] == 'accuracy':
       out[f"{r['task']} accuracy"] = value
   return out
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+  """A hard link to `src` at `dst` (a finished run's files are not written again:
+  its checkpoints take no second copy of the disk), a copy where linking fails."""
+  import shutil
+  try:
+    os.link(src, dst)
+  except OSError:
+    shutil.copy2(src, dst)
+
+
+def borrow_runs(layout: Layout, runs_root: str, table: str,
+                seeds: tuple[int, ...] = SEEDS) -> list[tuple[str, str]]:
+  """Copies into `runs_root`/`table` each run of `layout` not yet started there that
+  another table under `runs_root` has finished with the same config, under any
+  method name (e.g. Tab. 1's Local and FedHCA2 are Tab. 3's, Supp. Tab. 1 1c is Tab.
+  1 without Ditto): `scripts/compare.py` then reuses the copy, as it reuses a
+  finished run of its own (same config: `workdir.config_diffs` finds no field that
+  differs; runs are deterministic in their config, so the copy is the run it would
+  make; its files are hard links where the disk allows). Returns (copied folder,
+  its source)."""
+  import glob
+  import shutil
+  from fedjax_mtl import compare
+  from fedjax_mtl import workdir as workdir_lib
+  out = os.path.join(runs_root, table)
+  copied = []
+  for run in compare.plan_runs(layout.run_args(), list(seeds), out, replicas=True):
+    if os.path.exists(run.workdir):
+      continue
+    leaf = os.path.basename(run.workdir)  # seeds0,1,2 (a sweep) or seed<S>
+    for src in sorted(glob.glob(os.path.join(glob.escape(runs_root), '*', '*', leaf))):
+      if (os.path.dirname(os.path.dirname(src)) != out
+          and os.path.exists(os.path.join(src, 'results.csv'))
+          and os.path.exists(os.path.join(src, 'config.json'))
+          and not workdir_lib.config_diffs(run.config, src)):
+        shutil.copytree(src, run.workdir, ignore=shutil.ignore_patterns('.lock'),
+                        copy_function=_link_or_copy)
+        copied.append((run.workdir, src))
+        break
+  return copied
 
 
 def finished_runs(layout: Layout, out: str) -> list[tuple[str, int, str]]:
@@ -443,7 +490,8 @@ def main(argv: list[str] | None = None) -> str:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--run', default='', help='run this table (scripts/compare.py into '
-                 '--runs/<table>), then stop')
+                 '--runs/<table>; a run another table under --runs finished with the '
+                 'same config is copied, not run again), then stop')
   p.add_argument('--collect', default='', help="keep this table's finished runs' final "
                  'metrics (from --runs/<table>) in --raw/<table>.csv, then render')
   p.add_argument('--runs', default='runs/paper', help='folder of the tables\' runs')
@@ -463,6 +511,8 @@ def main(argv: list[str] | None = None) -> str:
     if a.run:
       from fedjax_mtl import compare
       seeds = tuple(int(s) for s in a.seeds.split(','))
+      for dst, src in borrow_runs(get(a.run), a.runs, a.run, seeds):
+        print(f'{dst}: the same run as {src} (copied, not run again)')
       compare.main(get(a.run).compare_args(os.path.join(a.runs, a.run), seeds))
       return ''
     if a.collect:

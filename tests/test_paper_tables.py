@@ -156,3 +156,38 @@ def test_collecting_a_table_with_no_finished_runs_is_one_line(tmp_path, capsys):
   with pytest.raises(SystemExit):
     paper_tables.main(['--collect=nosuch', f'--runs={tmp_path}'])
   assert "unknown table 'nosuch'; valid choices: fedhca2_tab1" in capsys.readouterr().err
+
+
+def test_a_run_another_table_finished_with_the_same_config_is_copied_not_rerun(tmp_path):
+  # Tab. 3's Local and FedHCA2 are Tab. 1's runs: --run=fedhca2_tab3 copies them from
+  # runs/fedhca2_tab1 (compare.py then reuses the copies). A run of another config
+  # under the same name, and a run already started in the table, are left alone.
+  from fedjax_mtl import compare
+  root = tmp_path / 'runs'
+  tab1 = paper_tables.get('fedhca2_tab1')
+  plan = {r.name: r for r in compare.plan_runs(tab1.run_args()[:2], list(paper_tables.SEEDS),
+                                                str(root / 'fedhca2_tab1'), replicas=True)}
+  local, fedavg = plan['local'], plan['fedavg']
+  assert os.path.basename(local.workdir) == 'seeds0,1,2'  # the seeds as one sweep
+  for run, cfg in ((local, local.config), (fedavg, fedavg.config)):
+    os.makedirs(os.path.join(run.workdir, 'replicas', 'seed=0'))
+    with open(os.path.join(run.workdir, 'config.json'), 'w') as f:
+      f.write(cfg.to_json_best_effort())
+    for name in ('results.csv', '.lock', os.path.join('replicas', 'seed=0', 'results.csv')):
+      open(os.path.join(run.workdir, name), 'w').close()
+  # Tab. 1's 'fedavg' folder renamed 'fedhca2': same name as Tab. 3's, another config.
+  os.rename(root / 'fedhca2_tab1' / 'fedavg', root / 'fedhca2_tab1' / 'fedhca2')
+  got = paper_tables.borrow_runs(paper_tables.get('fedhca2_tab3'), str(root), 'fedhca2_tab3')
+  dst = root / 'fedhca2_tab3' / 'local' / 'seeds0,1,2'
+  assert got == [(str(dst), local.workdir)]
+  assert os.path.samefile(dst / 'replicas' / 'seed=0' / 'results.csv',  # (a hard link)
+                         os.path.join(local.workdir, 'replicas', 'seed=0', 'results.csv'))
+  assert not (dst / '.lock').exists()  # (the lock file is the source run's)
+  assert not (root / 'fedhca2_tab3' / 'fedhca2').exists()
+  # compare.py's own plan now reuses the copy.
+  tab3 = paper_tables.get('fedhca2_tab3')
+  again = compare.plan_runs(tab3.run_args(), list(paper_tables.SEEDS),
+                            str(root / 'fedhca2_tab3'), replicas=True)
+  assert {r.name: r.action for r in again} == {'local': 'reuse', 'enc': 'run', 'dec': 'run',
+                                               'fedhca2': 'run'}
+  assert paper_tables.borrow_runs(tab3, str(root), 'fedhca2_tab3') == []
