@@ -25,7 +25,7 @@ its shading shows), the light direction changes from scene to scene (shading no
 longer gives the normals by itself), only the nearest object is salient, and the
 pixel noise is stronger (sigma 14 instead of 8).
 
-3 keeps version 2's appearance and makes every task need
+3 (the default config) keeps version 2's appearance and makes every task need
 what the segmentation task learns, the class, as real tasks do: each class has a
 physical size (the apparent size is size / distance, so depth needs the class), a
 surface shape (convex, concave, a vertical cylinder or a plane tilted its own way:
@@ -40,7 +40,7 @@ half the image height at the nearest distance) and more people (a PASCAL object 
 one with probability 0.35, not 0.25). NYUD's boxes are the plane-shaped classes
 (version 2: any object with probability 0.6).
 
-4 (the default config and `:bench`) draws version 3's scenes, label for label, and
+4 (`:bench`) draws version 3's scenes, label for label, and
 paints three patches over every surface of each (not PASCAL's sky): ellipses up to
 0.3 image heights across, each with one object class's colour and another's stripes,
 shaded as the surface beneath. They are paint, not objects: their outlines are
@@ -213,6 +213,19 @@ def _draw_v2(domain: str, rng: np.random.Generator, n: int, H: int, W: int,
   return d
 
 
+def _object_ids(domain: str) -> tuple[int, int]:
+  """(first object class id, number of classes): PASCAL's 0 is the background, NYUD's
+  0 and 1 the wall and the floor."""
+  return (1, 21) if domain == 'pascal' else (2, 40)
+
+
+def _stripe_gain(angle, freq, phase, yy, xx):
+  """The brightness factor 1 + 0.4 cos(2 pi freq (x cos(angle) + y sin(angle)) + phase)
+  of a class's stripe texture (`_stripes`) at the pixels (yy, xx)."""
+  coord = xx * np.cos(angle) + yy * np.sin(angle)
+  return 1. + 0.4 * np.cos(2. * np.pi * freq * coord + phase)
+
+
 def _classes_v3(domain: str) -> dict[str, np.ndarray]:
   """Version 3's attributes of each class (arrays over the domain's class ids, fixed
   per domain): `shape` 0 convex ellipsoid, 1 concave dish, 2 vertical cylinder,
@@ -220,7 +233,7 @@ def _classes_v3(domain: str) -> dict[str, np.ndarray]:
   the physical size (0.55-1.45, evenly spread); `salient` for half of the object
   classes. Background classes (PASCAL 0; NYUD wall 0 and floor 1) are none of
   these; PASCAL's person is a convex, salient, size-1 object (its parts' geometry)."""
-  num_classes, first = (21, 1) if domain == 'pascal' else (40, 2)
+  first, num_classes = _object_ids(domain)
   rng = np.random.default_rng(zlib.crc32(f'classes/{domain}'.encode()))
   objects = np.arange(first, num_classes)
   k = len(objects)
@@ -254,7 +267,7 @@ def _draw_v4(domain: str, rng: np.random.Generator, n: int, H: int, W: int) -> d
   painted with one object class's colour and another's stripes (`decal_colour`,
   `decal_stripes`: class ids) at its own texture phase."""
   d = _draw_v3(domain, rng, n, H, W)
-  first, num_classes = (1, 21) if domain == 'pascal' else (2, 40)
+  first, num_classes = _object_ids(domain)
   shape = (n, _DECALS)
   d['decal_centre'] = rng.uniform(0.1, 0.9, size=shape + (2,))
   d['decal_radii'] = rng.uniform(0.04, 0.15, size=shape + (2,))
@@ -274,9 +287,8 @@ def _decals(d: dict, yy: np.ndarray, xx: np.ndarray, pal: np.ndarray, angle: np.
     (cy, cx), (ry, rx) = d['decal_centre'][:, k].T, d['decal_radii'][:, k].T
     inside = (((yy - e(cy)) / e(ry)) ** 2 + ((xx - e(cx)) / e(rx)) ** 2 < 1.) & surface
     colour, stripes = d['decal_colour'][:, k], d['decal_stripes'][:, k]
-    coord = xx * e(np.cos(angle[stripes])) + yy * e(np.sin(angle[stripes]))
-    paint = pal[colour][:, None, None] * (
-        1. + 0.4 * np.cos(2. * np.pi * e(freq[stripes]) * coord + e(d['decal_phase'][:, k])))[..., None]
+    gain = _stripe_gain(e(angle[stripes]), e(freq[stripes]), e(d['decal_phase'][:, k]), yy, xx)
+    paint = pal[colour][:, None, None] * gain[..., None]
     base = np.where(inside[..., None], paint, base)
   return base
 
@@ -507,8 +519,7 @@ def _render(domain: str, d: dict, H: int, W: int, version: int = 1) -> dict[str,
   base = pal[sem]
   if version >= 2:
     angle, freq = _stripes(domain, num_classes)
-    coord = xx * np.cos(angle[sem]) + yy * np.sin(angle[sem])
-    base = base * (1. + 0.4 * np.cos(2. * np.pi * freq[sem] * coord + phase))[..., None]
+    base = base * _stripe_gain(angle[sem], freq[sem], phase, yy, xx)[..., None]
   if version >= 3 and domain == 'nyud':
     base = base * _tiles(d, yy, xx, inst)[..., None]
   if version == 4:  # on every surface but PASCAL's sky
