@@ -8,7 +8,8 @@ blocks of what it uses (and the `spare_blocks` it prepares for an override).
 Variants by the config arg (`--config=configs/fedavg.py:paper`):
 - default: the built-in synthetic benchmark (version-3 scenes, the small conv
   encoder from scratch; `default_setting`), about two minutes on 2 CPU cores;
-- `bench`: the same for 16 rounds (`bench_setting`), what the papers' tables use;
+- `bench`: the same for 16 rounds on version-4 scenes (`bench_setting`), what the
+  papers' tables use;
 - `v1`: the default as it was up to 2026-12-06 (version-1 scenes, `swin_nano` with
   its warm-up, 400 / 120 images, 8 rounds), which the tables of that time ran on;
 - `smoke`: the default scenario shrunk to seconds per round (32x32 images, few
