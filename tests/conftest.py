@@ -113,16 +113,17 @@ def snapshot(d):
   return out
 
 
-# Files whose tests take longest, longest first (seconds on a 2-core CPU, cold XLA
-# cache: test_flower 109, test_multihost 77, test_engine 76, test_sweep 74,
-# test_flower_deploy 73, test_real_engine 72, test_notebooks 64, ... on 2026-11-29).
+# Files whose tests take longest, longest first (seconds of a cold-cache run on a 2-core
+# CPU beside another 2-core job, 2026-12-07: test_algorithms_engine 267, test_flower 233,
+# test_flower_deploy 230, test_sweep 195, test_real_engine 175, test_multihost 172, ...).
 # The two xdist workers take whole files in collection order (`--dist loadfile`):
 # longest first keeps one worker from running a long file alone at the end.
-_LONG_FILES = ('test_flower.py', 'test_multihost.py', 'test_engine.py', 'test_sweep.py',
-               'test_flower_deploy.py', 'test_real_engine.py', 'test_notebooks.py',
-               'test_algorithms_engine.py', 'test_tooling.py', 'test_manytask.py',
-               'test_ntkfedavg.py', 'test_hca2.py', 'test_preempt.py', 'test_participation.py',
-               'test_feddea.py', 'test_ntk_dense.py', 'test_cli.py', 'test_comm.py')
+_LONG_FILES = ('test_algorithms_engine.py', 'test_flower.py', 'test_flower_deploy.py',
+               'test_sweep.py', 'test_real_engine.py', 'test_multihost.py', 'test_engine.py',
+               'test_tooling.py', 'test_participation.py', 'test_hca2.py', 'test_manytask.py',
+               'test_feddea.py', 'test_cli.py', 'test_notebooks.py', 'test_preempt.py',
+               'test_ntkfedavg.py', 'test_comm.py', 'test_many_sweep.py', 'test_ntk_dense.py',
+               'test_hca2_math.py', 'test_rehearse.py', 'test_topk.py', 'test_device_augment.py')
 
 
 def pytest_collection_modifyitems(config, items):
